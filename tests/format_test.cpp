@@ -1,0 +1,67 @@
+// The packed format: layout arithmetic and the size targets of the issue.
+#include "test_support.hpp"
+#include <doctest/doctest.h>
+
+using dropit_test::ceil_div;
+using dropit_test::described_bytes;
+
+TEST_CASE("layout sections follow the format description") {
+  for (std::size_t n : {0u, 1u, 2u, 31u, 32u, 33u, 63u, 64u, 65u, 1000u, 1024u, 1025u, 1048583u}) {
+    for (std::size_t vs : {2u, 4u, 8u}) {
+      for (double g : {0.0, 0.1, 0.5, 0.9, 0.95, 0.97, 0.99, 1.0}) {
+        const std::size_t k = dropit_test::expected_k(n, g);
+        const auto l = dropit::make_layout(n, k, vs);
+        CAPTURE(n);
+        CAPTURE(vs);
+        CAPTURE(k);
+        CHECK(l.total_bytes == described_bytes(n, k, vs));
+        CHECK(l.values_offset == 0);
+        CHECK(l.values_bytes == k * vs);
+        if (l.positions != dropit::position_encoding::none) CHECK(l.positions_offset % 16 == 0);
+        if (l.positions == dropit::position_encoding::bitmask)
+          CHECK(l.block_offsets_offset % 16 == 0);
+        if (k == 0 || k == n) {
+          CHECK(l.positions == dropit::position_encoding::none);
+          CHECK(l.positions_bytes == 0);
+        } else if (l.positions == dropit::position_encoding::bitmask) {
+          CHECK(l.positions_bytes == ceil_div(n, 32) * 4);
+          CHECK(l.block_offsets_bytes == ceil_div(n, 1024) * 4);
+          CHECK(l.positions_bytes + l.block_offsets_bytes <= k * 4);
+        } else {
+          CHECK(l.positions == dropit::position_encoding::index32);
+          CHECK(l.positions_bytes == k * 4);
+          CHECK(k * 4 < ceil_div(n, 32) * 4 + ceil_div(n, 1024) * 4);
+        }
+        // Sections do not overlap and stay inside the payload.
+        CHECK(l.values_bytes <= l.positions_offset);
+        CHECK(l.positions_offset + l.positions_bytes <= l.block_offsets_offset);
+        CHECK(l.block_offsets_offset + l.block_offsets_bytes == l.total_bytes);
+      }
+    }
+  }
+}
+
+TEST_CASE("64-bit indices and offsets only from n = 2^32") {
+  const std::size_t below = (std::size_t{1} << 32) - 1;
+  const std::size_t at = std::size_t{1} << 32;
+  CHECK(dropit::make_layout(below, 10, 4).positions == dropit::position_encoding::index32);
+  CHECK(dropit::make_layout(at, 10, 4).positions == dropit::position_encoding::index64);
+  CHECK(dropit::make_layout(at, 10, 4).positions_bytes == 80);
+  const auto wide_mask = dropit::make_layout(at, at / 2, 4);
+  CHECK(wide_mask.positions == dropit::position_encoding::bitmask);
+  CHECK(wide_mask.block_offsets_bytes == (at / 1024) * 8);
+  CHECK(wide_mask.total_bytes == described_bytes(at, at / 2, 4));
+}
+
+TEST_CASE("bytes per input element meet the targets") {
+  const std::size_t n = std::size_t{1} << 24;
+  auto per_element = [&](double gamma, std::size_t vs) {
+    return static_cast<double>(
+               dropit::make_layout(n, dropit_test::expected_k(n, gamma), vs).total_bytes) /
+           static_cast<double>(n);
+  };
+  CHECK(per_element(0.9, 4) <= 0.53);    // fp32, gamma 0.9 (DropIT's int32 list: 0.8)
+  CHECK(per_element(0.99, 4) <= 0.085);  // fp32, gamma 0.99
+  CHECK(per_element(0.9, 2) <= 0.33);    // fp16, gamma 0.9
+  CHECK(per_element(0.0, 4) == 4.0);     // Identity / gamma 0: a dense copy, no positions
+}

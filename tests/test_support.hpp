@@ -1,0 +1,153 @@
+// Shared helpers of the test suite: element conversions, input generators, and the brute-force
+// selection oracle (an independent statement of DropIT's rule, written without the library's keys).
+#pragma once
+
+#include <dropit/dropit.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace dropit_test {
+
+/// The element types every templated case runs over.
+#define DROPIT_TEST_TYPES float, double, __half, __nv_bfloat16
+
+template <class T>
+double to_double(T v) {
+  return static_cast<double>(static_cast<float>(v));
+}
+template <>
+inline double to_double<double>(double v) {
+  return v;
+}
+
+template <class T>
+T from_double(double v) {
+  return static_cast<T>(static_cast<float>(v));
+}
+template <>
+inline double from_double<double>(double v) {
+  return v;
+}
+
+/// The element with the given bit pattern.
+template <class T>
+T from_bits(std::uint64_t bits) {
+  if constexpr (sizeof(T) == 2) return std::bit_cast<T>(static_cast<std::uint16_t>(bits));
+  if constexpr (sizeof(T) == 4) return std::bit_cast<T>(static_cast<std::uint32_t>(bits));
+  if constexpr (sizeof(T) == 8) return std::bit_cast<T>(bits);
+}
+
+/// The smallest positive denormal and the smallest positive normal of T.
+template <class T>
+T smallest_denormal() {
+  return from_bits<T>(1);
+}
+template <class T>
+T smallest_normal() {
+  if constexpr (std::is_same_v<T, float>) return from_bits<T>(0x00800000u);
+  if constexpr (std::is_same_v<T, double>) return from_bits<T>(0x0010000000000000ull);
+  if constexpr (std::is_same_v<T, __half>) return from_bits<T>(0x0400u);
+  return from_bits<T>(0x0080u);  // bfloat16
+}
+
+/// Bitwise equality of two arrays of T (so -0 vs +0 and NaN payloads count).
+template <class T>
+bool same_bits(std::span<const T> a, std::span<const T> b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+}
+
+/// A name for messages.
+template <class T>
+std::string type_name() {
+  if constexpr (std::is_same_v<T, float>) return "float";
+  if constexpr (std::is_same_v<T, double>) return "double";
+  if constexpr (std::is_same_v<T, __half>) return "__half";
+  return "__nv_bfloat16";
+}
+
+/// Normal(0, 1) values, rounded to T (so half types carry many exact ties).
+template <class T>
+std::vector<T> normal_values(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> dist;
+  std::vector<T> x(n);
+  for (auto& v : x)
+    v = from_double<T>(dist(gen));
+  return x;
+}
+
+/// DropIT's MinK rule, brute force: stable-sort the indices by |x| descending (NaN above +Inf,
+/// -0 equal to +0), keep the first k; returns the kept indices in ascending order.
+template <class T>
+std::vector<std::size_t> oracle_mink(std::span<const T> x, std::size_t k) {
+  std::vector<std::size_t> order(x.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto rank = [&](std::size_t i) {
+    const double v = to_double(x[i]);
+    return std::pair<int, double>{std::isnan(v) ? 1 : 0, std::isnan(v) ? 0.0 : std::fabs(v)};
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return rank(a) > rank(b); });
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+/// The generic rule for any policy, brute force: stable-sort by the policy's key descending.
+template <class T, class P>
+std::vector<std::size_t> oracle_by_key(const P& policy, std::span<const T> x, std::size_t k) {
+  std::vector<std::size_t> order(x.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return policy.key(x[a], a) > policy.key(x[b], b);
+  });
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+/// The dense tensor a restore must produce: x at the kept indices, +0 elsewhere.
+template <class T>
+std::vector<T> dense_from(std::span<const T> x, const std::vector<std::size_t>& kept) {
+  std::vector<T> out(x.size(), from_double<T>(0.0));
+  for (std::size_t i : kept)
+    out[i] = x[i];
+  return out;
+}
+
+/// k by the formula, computed independently of the library.
+inline std::size_t expected_k(std::size_t n, double gamma) {
+  return n - static_cast<std::size_t>(std::floor(static_cast<double>(n) * gamma + 1e-6));
+}
+
+inline std::size_t ceil_div(std::size_t a, std::size_t b) {
+  return (a + b - 1) / b;
+}
+
+/// The payload size the format description (README, format.hpp) gives, computed from scratch:
+/// values, then bitmask + block offsets or an index list (whichever is smaller), each section
+/// starting on a 16-byte boundary; nothing but values when k = 0 or k = n.
+inline std::size_t described_bytes(std::size_t n, std::size_t k, std::size_t vsize) {
+  auto up16 = [](std::size_t b) { return (b + 15) / 16 * 16; };
+  const std::size_t values = k * vsize;
+  if (k == 0 || k == n) return values;
+  const std::size_t isize = n >= (std::size_t{1} << 32) ? 8 : 4;
+  const std::size_t mask = ceil_div(n, 32) * 4 + ceil_div(n, 1024) * isize;
+  const std::size_t list = k * isize;
+  if (mask <= list) return up16(up16(values) + ceil_div(n, 32) * 4) + ceil_div(n, 1024) * isize;
+  return up16(values) + list;
+}
+
+}  // namespace dropit_test
