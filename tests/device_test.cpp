@@ -17,7 +17,16 @@ using namespace dropit_test;
 
 namespace {
 
-const std::size_t sizes[] = {0, 1, 2, 31, 32, 33, 63, 64, 65, 1000, (std::size_t{1} << 20) + 7};
+// Sanitizer builds (Debug, ASan + UBSan) run the large sizes smaller, still above the sample size
+// (2^16), so that every path of the selection runs there too.
+#if defined(DROPIT_TEST_SANITIZED)
+constexpr std::size_t large = (std::size_t{1} << 17) + 7;
+const double selection_gammas[] = {0.5, 0.99};
+#else
+constexpr std::size_t large = (std::size_t{1} << 20) + 7;
+const double selection_gammas[] = {0.1, 0.5, 0.9, 0.99};
+#endif
+const std::size_t sizes[] = {0, 1, 2, 31, 32, 33, 63, 64, 65, 1000, large};
 const double gammas[] = {0.0, 0.1, 0.5, 0.9, 0.99, 1.0};
 
 /// Packs x on the device with policy p, checks the cache's numbers, and returns the restored
@@ -128,7 +137,7 @@ TEST_CASE_TEMPLATE("device: MinK on special inputs" * DROPIT_DEVICE, C, DROPIT_D
   INFO(C::name());
   for (const auto& [name, make] : special_inputs<T>()) {
     for (std::size_t n :
-         {std::size_t{1}, std::size_t{33}, std::size_t{1000}, std::size_t{1} << 19}) {
+         {std::size_t{1}, std::size_t{33}, std::size_t{1000}, large / 2}) {
       std::vector<T> x(n);
       for (std::size_t i = 0; i < n; ++i)
         x[i] = make(i);
@@ -360,7 +369,7 @@ TEST_CASE_TEMPLATE("every way the device selection resolves gives the host's byt
   std::map<int, int> modes;
   int fallbacks = 0;
   for (const auto& [name, x] : inputs) {
-    for (double g : {0.1, 0.5, 0.9, 0.99}) {
+    for (double g : selection_gammas) {
       const dropit::MinK<> mink{g};
       const dropit::Random<> random{g, 5};
       const auto want_m = host_payload<T>(mink, x);
@@ -479,7 +488,7 @@ TEST_CASE("device: a workspace keeps the temporaries between calls" * DROPIT_DEV
   CHECK(ws.resource() == &temps);
   CHECK(ws.bytes() == 0);
   const auto exec = dropit::cuda{.stream = stream.get(), .resource = &payloads, .workspace = &ws};
-  const auto x = normal_values<float>(3 << 20, 9);
+  const auto x = normal_values<float>(3 * large, 9);
   device_buffer<float> dx(x), out(x.size());
   dropit::SparseCache<float, dropit::MinK<0.9>> cache;
   cache.pack(exec, dx.cspan());
