@@ -206,6 +206,9 @@ struct plan {
  */
 [[nodiscard]] std::string to_json(const graph& g, const plan& p);
 
+/** @brief A graph as JSON in the format `parse_graph_json` reads (edges with their "compute"). */
+[[nodiscard]] std::string to_json(const graph& g);
+
 /**
  * @brief Graphs of well-known CNNs with one vertex per tensor their forward pass stores, as the
  * reference implementation's torch.jit parser records them: every module or aten op output (conv,

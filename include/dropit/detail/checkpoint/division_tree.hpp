@@ -399,8 +399,7 @@ class tree_builder {
     std::vector<child> kids;
     for (std::size_t g = 0; g < groups.size();) {
       const auto [u, w] = groups[g].first;
-      child k;
-      k.skip_direct = false;
+      child k{};
       std::vector<std::size_t> members{u, w};
       std::size_t e = g;
       for (; e < groups.size() && groups[e].first == groups[g].first; ++e)

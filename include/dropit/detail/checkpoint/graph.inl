@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <queue>
 #include <string>
 #include <utility>
 #include <vector>
@@ -120,23 +122,22 @@ inline std::vector<vertex_index> graph::topological_order() const {
     succ[e.from].push_back(e.to);
     pred[e.to].push_back(e.from);
   }
-  // Kahn's algorithm; the source goes first so that it leads the order.
+  // Kahn's algorithm, smallest index first among the ready vertices: the order follows the
+  // insertion order wherever the edges allow, so plans read in the order the graph was built.
   std::vector<std::size_t> indeg(n);
   for (vertex_index v = 0; v < n; ++v)
     indeg[v] = pred[v].size();
   std::vector<vertex_index> order;
   order.reserve(n);
-  std::vector<vertex_index> ready;
-  if (indeg[s] == 0) ready.push_back(s);
+  std::priority_queue<vertex_index, std::vector<vertex_index>, std::greater<>> ready;
   for (vertex_index v = 0; v < n; ++v)
-    if (indeg[v] == 0 && v != s) ready.push_back(v);
-  std::reverse(ready.begin(), ready.end());
+    if (indeg[v] == 0) ready.push(v);
   while (!ready.empty()) {
-    const vertex_index v = ready.back();
-    ready.pop_back();
+    const vertex_index v = ready.top();
+    ready.pop();
     order.push_back(v);
     for (vertex_index w : succ[v])
-      if (--indeg[w] == 0) ready.push_back(w);
+      if (--indeg[w] == 0) ready.push(w);
   }
   if (order.size() != n) {
     // Every vertex left over has a predecessor left over: walking back n steps lands on a cycle.

@@ -273,9 +273,11 @@ class reader {
         ++i_;
         continue;
       }
+      const std::size_t escape_column = column();
       ++i_;
       if (i_ >= s_.size()) fail("unterminated string");
       const char e = s_[i_];
+      auto fail_escape = [&](const char* what) { fail_at(origin_, line_, escape_column, what); };
       switch (e) {
         case '"':
           out += '"';
@@ -304,19 +306,21 @@ class reader {
         case 'u': {
           ++i_;
           unsigned cp = hex4();
-          if (cp >= 0xDC00 && cp <= 0xDFFF) fail("unpaired low surrogate in a \\u escape");
+          if (cp >= 0xDC00 && cp <= 0xDFFF) fail_escape("unpaired low surrogate in a \\u escape");
           if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (s_.substr(i_, 2) != "\\u") fail("high surrogate not followed by a \\u escape");
+            if (s_.substr(i_, 2) != "\\u")
+              fail_escape("high surrogate not followed by a \\u escape");
             i_ += 2;
             const unsigned lo = hex4();
-            if (lo < 0xDC00 || lo > 0xDFFF) fail("high surrogate not followed by a low surrogate");
+            if (lo < 0xDC00 || lo > 0xDFFF)
+              fail_escape("high surrogate not followed by a low surrogate");
             cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
           }
           append_utf8(out, cp);
           continue;
         }
         default:
-          fail("invalid escape '\\", e, "' in a string");
+          fail_at(origin_, line_, escape_column, "invalid escape '\\", e, "' in a string");
       }
       ++i_;
     }
@@ -555,6 +559,33 @@ inline std::string to_json(const graph& g, const plan& p) {
   out += ",\n  \"solve_seconds\": ";
   write_double(out, p.solve_seconds);
   out += "\n}\n";
+  return out;
+}
+
+inline std::string to_json(const graph& g) {
+  using namespace detail::json;
+  std::string out = "{\n  \"source\": ";
+  write_id(out, g.id(g.source()));
+  out += ",\n  \"target\": ";
+  write_id(out, g.id(g.target()));
+  out += ",\n  \"vertices\": [";
+  for (vertex_index v = 0; v < g.vertex_count(); ++v) {
+    out += v ? ",\n    {\"id\": " : "\n    {\"id\": ";
+    write_id(out, g.id(v));
+    out += ", \"cost\": " + std::to_string(g.cost(v)) + "}";
+  }
+  out += g.vertex_count() ? "\n  ],\n  \"edges\": [" : "],\n  \"edges\": [";
+  for (std::size_t i = 0; i < g.edges().size(); ++i) {
+    const edge& e = g.edges()[i];
+    out += i ? ",\n    {\"u\": " : "\n    {\"u\": ";
+    write_id(out, g.id(e.from));
+    out += ", \"v\": ";
+    write_id(out, g.id(e.to));
+    out += ", \"compute\": ";
+    write_double(out, e.compute);
+    out += "}";
+  }
+  out += g.edge_count() ? "\n  ]\n}\n" : "]\n}\n";
   return out;
 }
 
