@@ -242,6 +242,8 @@ inline plan optimize(const graph& g, const dag& d, const division_tree& tree) {
   cost_t best = std::numeric_limits<cost_t>::max(), best_bound = bound;
   for (;;) {
     const auto [f, a] = opt.pass(bound);
+    // The pass keeps every segment within the bound; this also guarantees the search ends.
+    DROPIT_EXPECTS(a <= bound, "checkpoint: internal error: segment ", a, " over bound ", bound);
     if (f + a < best) {
       best = f + a;
       best_bound = bound;
