@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 
 namespace ck = dropit::checkpoint;
@@ -189,6 +190,8 @@ TEST_CASE("schema errors name the key and where it is") {
   CHECK(
       error_of(doc(R"([{"id": 1, "cost": 99999999999999999999}])", es)).find("vertices[0].cost") !=
       std::string::npos);
+  CHECK(error_of(doc(R"([{"id": 1, "cost": 9223372036854775807}, {"id": 2, "cost": 1}])", es)) ==
+        "dropit: g.json:2:72: vertices[1].cost: the total cost overflows 64 bits");
   CHECK(error_of(doc(R"([{"id": 1, "cost": "7"}])", es)) ==
         "dropit: g.json:2:32: vertices[0].cost: expected a non-negative integer, got a string");
   CHECK(error_of(doc(R"([{"id": 1, "cost": 1}, {"id": "1", "cost": 1}])", es)) ==
@@ -216,4 +219,40 @@ TEST_CASE("schema errors name the key and where it is") {
 TEST_CASE("files: a missing file is reported by name") {
   CHECK_THROWS_WITH_AS((void)ck::load_graph_json(data_dir / "no-such-file.json"),
                        doctest::Contains("no-such-file.json"), dropit::error);
+}
+
+TEST_CASE("mangled files are rejected with dropit::error, never anything worse") {
+  std::ifstream in(data_dir / "ogc" / "resnet18.json");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::mt19937_64 rng(5);
+  const char bytes[] = "{}[],:\"\\0123456789-+.eEtrufalsn \n\x01\xff";
+  int parsed = 0, rejected = 0;
+  for (int round = 0; round < 3000; ++round) {
+    std::string t = text;
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int e = 0; e < edits; ++e) {
+      const std::size_t at = rng() % t.size();
+      switch (rng() % 3) {
+        case 0:
+          t[at] = bytes[rng() % (sizeof bytes - 1)];
+          break;
+        case 1:
+          t.erase(at, 1 + rng() % 8);
+          break;
+        default:
+          t.insert(at, 1, bytes[rng() % (sizeof bytes - 1)]);
+          break;
+      }
+    }
+    try {
+      const ck::graph g = ck::parse_graph_json(t, "fuzz.json");
+      CHECK(ck::solve(g).cost >= 0);
+      ++parsed;
+    } catch (const dropit::error& err) {
+      CHECK(std::string_view(err.what()).starts_with("dropit: fuzz.json"));
+      ++rejected;
+    }
+  }
+  CHECK(parsed + rejected == 3000);
+  CHECK(rejected > 1000);  // most edits break something
 }

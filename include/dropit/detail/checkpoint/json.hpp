@@ -403,8 +403,11 @@ class graph_loader {
       const value& vx = expect(vs.items[i], path, kind::object);
       const value& idv = member(vx, path, "id");
       std::string name = id(idv, path + ".id");
-      const cost_t c = cost(member(vx, path, "cost"), path + ".cost");
+      const value& cv = member(vx, path, "cost");
+      const cost_t c = cost(cv, path + ".cost");
       if (g.find(name)) fail(idv, path + ".id", "duplicate vertex id \"", name, '"');
+      if (c > std::numeric_limits<cost_t>::max() - g.total_cost())
+        fail(cv, path + ".cost", "the total cost overflows 64 bits");
       g.add_vertex(std::move(name), c);
     }
     const value& es = expect(member(doc, "document", "edges"), "edges", kind::array);
