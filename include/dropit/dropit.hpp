@@ -9,6 +9,7 @@
  */
 #pragma once
 
+#include <dropit/checkpoint.hpp>
 #include <dropit/error.hpp>
 #include <dropit/exec/host.hpp>
 #include <dropit/format.hpp>

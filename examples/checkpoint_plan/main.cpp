@@ -1,0 +1,163 @@
+// checkpoint_plan: optimal gradient checkpoints for well-known CNNs, or for a graph given as JSON.
+//
+//   checkpoint_plan                         the model table at the OGC seed's input sizes (fp32)
+//   checkpoint_plan --graph FILE.json       plan a graph; print the plan as JSON
+//   checkpoint_plan --model NAME [--batch N] [--size H]   plan a built-in model; print JSON
+//   checkpoint_plan --dump NAME [--batch N] [--size H]    print a built-in model's graph as JSON
+#include <dropit/checkpoint.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ck = dropit::checkpoint;
+
+namespace {
+
+/// A row of the table published with the reference implementation (measured PyTorch memory of
+/// the intermediate tensors, MB, and the cut-off it reports).
+struct seed_row {
+  std::string_view model;
+  ck::models::input_shape input;
+  int regular_mb, ogc_mb, cut_off_percent, time_overhead_percent;
+};
+
+constexpr seed_row seed_table[] = {
+    {"alexnet", {1024, 3, 224, 224}, 4955, 3287, 34, 34},
+    {"vgg11", {64, 3, 224, 224}, 3577, 2781, 22, 34},
+    {"vgg13", {64, 3, 224, 224}, 5136, 3565, 31, 33},
+    {"vgg16", {64, 3, 224, 224}, 5136, 3565, 31, 32},
+    {"vgg19", {64, 3, 224, 224}, 5189, 3565, 31, 33},
+    {"resnet18", {256, 3, 224, 224}, 5635, 3677, 35, 30},
+    {"resnet34", {128, 3, 224, 224}, 4079, 1838, 55, 35},
+    {"resnet50", {64, 3, 224, 224}, 5323, 1973, 63, 31},
+    {"resnet101", {32, 3, 224, 224}, 3934, 1024, 74, 35},
+    {"resnet152", {16, 3, 224, 224}, 2767, 526, 81, 37},
+    {"densenet121", {32, 3, 224, 224}, 4027, 898, 78, 34},
+    {"densenet161", {16, 3, 224, 224}, 3751, 666, 82, 36},
+    {"densenet169", {32, 3, 224, 224}, 4862, 897, 82, 32},
+    {"densenet201", {16, 3, 224, 224}, 3146, 474, 85, 53},
+    {"inception_v3", {32, 3, 300, 300}, 3074, 881, 71, 29},
+};
+
+const seed_row* seed_for(std::string_view model) {
+  for (const seed_row& r : seed_table)
+    if (r.model == model) return &r;
+  return nullptr;
+}
+
+/// Solves `runs` times and returns the plan with the median solve time.
+ck::plan solve_timed(const ck::graph& g, int runs) {
+  std::vector<ck::plan> plans;
+  for (int i = 0; i < runs; ++i)
+    plans.push_back(ck::solve(g));
+  std::sort(plans.begin(), plans.end(),
+            [](const ck::plan& a, const ck::plan& b) { return a.solve_seconds < b.solve_seconds; });
+  return plans[plans.size() / 2];
+}
+
+void print_table() {
+  constexpr double mib = 1024.0 * 1024.0;
+  std::printf(
+      "Activation memory in the OGC cost model (fp32; planned = checkpoints + largest segment)\n");
+  std::printf("%-13s %-18s %5s %11s %11s %7s | %-10s %5s | %8s %5s | %8s\n", "model", "input",
+              "verts", "regular MiB", "planned MiB", "cut-off", "seed MB", "seed", "overhead",
+              "seed", "solve ms");
+  for (const seed_row& r : seed_table) {
+    const ck::graph g = ck::models::make(r.model, r.input);
+    const ck::plan p = solve_timed(g, 7);
+    double forward = 0.0;
+    for (const ck::edge& e : g.edges())
+      forward += e.compute;
+    char input[32];
+    std::snprintf(input, sizeof input, "(%lld,%lld,%lld,%lld)",
+                  static_cast<long long>(r.input.batch), static_cast<long long>(r.input.channels),
+                  static_cast<long long>(r.input.height), static_cast<long long>(r.input.width));
+    char seed_mb[32];
+    std::snprintf(seed_mb, sizeof seed_mb, "%d->%d", r.regular_mb, r.ogc_mb);
+    std::printf("%-13s %-18s %5zu %11.0f %11.0f %6.1f%% | %-10s %4d%% | %7.1f%% %4d%% | %8.3f\n",
+                std::string(r.model).c_str(), input, g.vertex_count(),
+                static_cast<double>(p.regular_cost) / mib, static_cast<double>(p.cost) / mib,
+                100.0 * (1.0 - static_cast<double>(p.cost) / static_cast<double>(p.regular_cost)),
+                seed_mb, r.cut_off_percent, 100.0 * p.recompute / (3.0 * forward),
+                r.time_overhead_percent, 1e3 * p.solve_seconds);
+  }
+  std::printf(
+      "seed: the reference implementation's published table (measured PyTorch memory of the\n"
+      "intermediate tensors, its cut-off and its measured time overhead).\n"
+      "overhead: FLOPs of the forward ops run again / FLOPs of forward + backward (backward\n"
+      "taken as 2x forward). solve ms: median of 7 solves on one core.\n");
+}
+
+int usage(int code) {
+  std::fprintf(code ? stderr : stdout,
+               "usage: checkpoint_plan                      print the model table\n"
+               "       checkpoint_plan --graph FILE.json    plan a graph, print the plan as JSON\n"
+               "       checkpoint_plan --model NAME [--batch N] [--size H]\n"
+               "       checkpoint_plan --dump NAME [--batch N] [--size H]\n"
+               "graph JSON: {\"source\": ID, \"target\": ID, \"vertices\": [{\"id\": ID, \"cost\": "
+               "INT}, ...],\n"
+               "             \"edges\": [{\"u\": ID, \"v\": ID}, ...]}\n"
+               "models:");
+  for (std::string_view m : ck::models::names())
+    std::fprintf(code ? stderr : stdout, " %s", std::string(m).c_str());
+  std::fprintf(code ? stderr : stdout, "\n");
+  return code;
+}
+
+bool parse_int(std::string_view s, std::int64_t& out) {
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+  return r.ec == std::errc{} && r.ptr == s.data() + s.size() && out > 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string_view> args(argv + 1, argv + argc);
+  std::string_view graph_file, model, mode;
+  std::int64_t batch = 0, size = 0;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string_view a = args[i];
+    const bool has_value = i + 1 < args.size();
+    if (a == "--help" || a == "-h") return usage(0);
+    if ((a == "--graph" || a == "--model" || a == "--dump") && has_value) {
+      if (!mode.empty()) return usage(2);
+      mode = a;
+      (a == "--graph" ? graph_file : model) = args[++i];
+    } else if (a == "--batch" && has_value && parse_int(args[i + 1], batch)) {
+      ++i;
+    } else if (a == "--size" && has_value && parse_int(args[i + 1], size)) {
+      ++i;
+    } else {
+      std::fprintf(stderr, "checkpoint_plan: bad argument '%s'\n", std::string(a).c_str());
+      return usage(2);
+    }
+  }
+  try {
+    if (mode.empty()) {
+      print_table();
+      return 0;
+    }
+    if (mode == "--graph") {
+      const ck::graph g = ck::load_graph_json(std::string(graph_file));
+      std::fputs(ck::to_json(g, ck::solve(g)).c_str(), stdout);
+      return 0;
+    }
+    const seed_row* seed = seed_for(model);
+    ck::models::input_shape in = seed ? seed->input : ck::models::input_shape{};
+    if (batch) in.batch = batch;
+    if (size) in.height = in.width = size;
+    const ck::graph g = ck::models::make(model, in);
+    std::fputs(mode == "--dump" ? ck::to_json(g).c_str() : ck::to_json(g, ck::solve(g)).c_str(),
+               stdout);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "checkpoint_plan: %s\n", e.what());
+    return 1;
+  }
+}

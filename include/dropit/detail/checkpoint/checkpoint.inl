@@ -1,0 +1,12 @@
+/**
+ * @file checkpoint.inl
+ * @brief The implementation of <dropit/checkpoint.hpp>, in the order its parts depend on each
+ * other.
+ */
+#pragma once
+
+#include <dropit/detail/checkpoint/division_tree.hpp>
+#include <dropit/detail/checkpoint/graph.inl>
+#include <dropit/detail/checkpoint/json.hpp>
+#include <dropit/detail/checkpoint/models.hpp>
+#include <dropit/detail/checkpoint/solve.inl>

@@ -1,0 +1,199 @@
+/**
+ * @file graph.inl
+ * @brief `dropit::checkpoint::graph`: construction, lookups and the validity checks.
+ */
+#pragma once
+
+#include <dropit/error.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <queue>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dropit::checkpoint {
+namespace detail {
+
+/// `"id"` with quotes, for messages.
+[[nodiscard]] inline std::string quote_id(std::string_view id) {
+  return dropit::detail::concat('"', id, '"');
+}
+
+}  // namespace detail
+
+inline vertex_index graph::add_vertex(std::string id, cost_t cost) {
+  DROPIT_EXPECTS(cost >= 0, "checkpoint: vertex ", detail::quote_id(id),
+                 " has a negative cost: ", cost);
+  DROPIT_EXPECTS(!index_.contains(id), "checkpoint: duplicate vertex id ", detail::quote_id(id));
+  DROPIT_EXPECTS(cost <= std::numeric_limits<cost_t>::max() - total_,
+                 "checkpoint: the total cost overflows 64 bits at vertex ", detail::quote_id(id));
+  const vertex_index v = ids_.size();
+  index_.emplace(id, v);
+  ids_.push_back(std::move(id));
+  costs_.push_back(cost);
+  total_ += cost;
+  return v;
+}
+
+inline void graph::add_edge(vertex_index from, vertex_index to, double compute) {
+  DROPIT_EXPECTS(from < ids_.size() && to < ids_.size(), "checkpoint: edge (", from, " -> ", to,
+                 ") names a vertex index out of range (", ids_.size(), " vertices)");
+  DROPIT_EXPECTS(std::isfinite(compute) && compute >= 0, "checkpoint: edge (",
+                 detail::quote_id(ids_[from]), " -> ", detail::quote_id(ids_[to]),
+                 ") has a bad compute cost: ", compute);
+  edges_.push_back(edge{from, to, compute});
+}
+
+inline void graph::add_edge(std::string_view from, std::string_view to, double compute) {
+  const auto f = find(from);
+  const auto t = find(to);
+  DROPIT_EXPECTS(f.has_value(), "checkpoint: edge (", detail::quote_id(from), " -> ",
+                 detail::quote_id(to), ") names an unknown vertex ", detail::quote_id(from));
+  DROPIT_EXPECTS(t.has_value(), "checkpoint: edge (", detail::quote_id(from), " -> ",
+                 detail::quote_id(to), ") names an unknown vertex ", detail::quote_id(to));
+  add_edge(*f, *t, compute);
+}
+
+inline void graph::set_source(vertex_index v) {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: source index ", v, " out of range");
+  source_ = v;
+}
+
+inline void graph::set_source(std::string_view id) {
+  const auto v = find(id);
+  DROPIT_EXPECTS(v.has_value(), "checkpoint: unknown source vertex ", detail::quote_id(id));
+  source_ = *v;
+}
+
+inline void graph::set_target(vertex_index v) {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: target index ", v, " out of range");
+  target_ = v;
+}
+
+inline void graph::set_target(std::string_view id) {
+  const auto v = find(id);
+  DROPIT_EXPECTS(v.has_value(), "checkpoint: unknown target vertex ", detail::quote_id(id));
+  target_ = *v;
+}
+
+inline const std::string& graph::id(vertex_index v) const {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  return ids_[v];
+}
+
+inline cost_t graph::cost(vertex_index v) const {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  return costs_[v];
+}
+
+inline std::optional<vertex_index> graph::find(std::string_view id) const {
+  const auto it = index_.find(id);
+  if (it == index_.end()) return std::nullopt;
+  return it->second;
+}
+
+inline vertex_index graph::source() const {
+  DROPIT_EXPECTS(source_.has_value(), "checkpoint: the graph has no source (set_source)");
+  return *source_;
+}
+
+inline vertex_index graph::target() const {
+  DROPIT_EXPECTS(target_.has_value(), "checkpoint: the graph has no target (set_target)");
+  return *target_;
+}
+
+inline std::vector<vertex_index> graph::topological_order() const {
+  using detail::quote_id;
+  const vertex_index s = source();
+  const vertex_index t = target();
+  const std::size_t n = ids_.size();
+  if (s == t) {
+    DROPIT_EXPECTS(n == 1 && edges_.empty(), "checkpoint: source and target are the same vertex ",
+                   quote_id(ids_[s]), " but the graph has ", n, " vertices and ", edges_.size(),
+                   " edges");
+    return {s};
+  }
+  std::vector<std::vector<vertex_index>> succ(n), pred(n);
+  for (const edge& e : edges_) {
+    succ[e.from].push_back(e.to);
+    pred[e.to].push_back(e.from);
+  }
+  // Kahn's algorithm, smallest index first among the ready vertices: the order follows the
+  // insertion order wherever the edges allow, so plans read in the order the graph was built.
+  std::vector<std::size_t> indeg(n);
+  for (vertex_index v = 0; v < n; ++v)
+    indeg[v] = pred[v].size();
+  std::vector<vertex_index> order;
+  order.reserve(n);
+  std::priority_queue<vertex_index, std::vector<vertex_index>, std::greater<>> ready;
+  for (vertex_index v = 0; v < n; ++v)
+    if (indeg[v] == 0) ready.push(v);
+  while (!ready.empty()) {
+    const vertex_index v = ready.top();
+    ready.pop();
+    order.push_back(v);
+    for (vertex_index w : succ[v])
+      if (--indeg[w] == 0) ready.push(w);
+  }
+  if (order.size() != n) {
+    // Every vertex left over has a predecessor left over: walking back n steps lands on a cycle.
+    vertex_index v = 0;
+    while (indeg[v] == 0)
+      ++v;
+    for (std::size_t step = 0; step < n; ++step) {
+      for (vertex_index p : pred[v])
+        if (indeg[p] != 0) {
+          v = p;
+          break;
+        }
+    }
+    std::vector<vertex_index> cycle{v};
+    for (vertex_index u = v;;) {
+      for (vertex_index p : pred[u])
+        if (indeg[p] != 0) {
+          u = p;
+          break;
+        }
+      if (u == v) break;
+      cycle.push_back(u);
+    }
+    std::string path = quote_id(ids_[v]);
+    for (auto it = cycle.rbegin(); it != cycle.rend(); ++it)
+      path += " -> " + quote_id(ids_[*it]);
+    dropit::detail::throw_error("checkpoint: the graph has a cycle through vertex ",
+                                quote_id(ids_[v]), ": ", path);
+  }
+  // Reachability from the source and to the target.
+  auto sweep = [&](vertex_index from, const std::vector<std::vector<vertex_index>>& adj) {
+    std::vector<char> seen(n, 0);
+    std::vector<vertex_index> stack{from};
+    seen[from] = 1;
+    while (!stack.empty()) {
+      const vertex_index v = stack.back();
+      stack.pop_back();
+      for (vertex_index w : adj[v])
+        if (!seen[w]) {
+          seen[w] = 1;
+          stack.push_back(w);
+        }
+    }
+    return seen;
+  };
+  const auto from_source = sweep(s, succ);
+  DROPIT_EXPECTS(from_source[t], "checkpoint: no path from source ", quote_id(ids_[s]),
+                 " to target ", quote_id(ids_[t]));
+  const auto to_target = sweep(t, pred);
+  for (vertex_index v : order) {
+    DROPIT_EXPECTS(from_source[v], "checkpoint: vertex ", quote_id(ids_[v]),
+                   " is not reachable from source ", quote_id(ids_[s]));
+    DROPIT_EXPECTS(to_target[v], "checkpoint: target ", quote_id(ids_[t]),
+                   " is not reachable from vertex ", quote_id(ids_[v]));
+  }
+  return order;
+}
+
+}  // namespace dropit::checkpoint
