@@ -21,9 +21,11 @@ namespace {
 // (2^16), so that every path of the selection runs there too.
 #if defined(DROPIT_TEST_SANITIZED)
 constexpr std::size_t large = (std::size_t{1} << 17) + 7;
+constexpr std::size_t selection_n = (std::size_t{1} << 16) + 123;
 const double selection_gammas[] = {0.5, 0.99};
 #else
 constexpr std::size_t large = (std::size_t{1} << 20) + 7;
+constexpr std::size_t selection_n = (std::size_t{1} << 17) + 123;
 const double selection_gammas[] = {0.1, 0.5, 0.9, 0.99};
 #endif
 const std::size_t sizes[] = {0, 1, 2, 31, 32, 33, 63, 64, 65, 1000, large};
@@ -338,7 +340,7 @@ TEST_CASE_TEMPLATE("every way the device selection resolves gives the host's byt
   INFO(C::name());
   test_stream stream;
   const auto exec = C::exec(stream.get());
-  const std::size_t n = (std::size_t{1} << 17) + 123;
+  const std::size_t n = selection_n;
   std::map<std::string, std::vector<T>> inputs;
   inputs["normal"] = normal_values<T>(n, 8);
   inputs["ascending"] = inputs["normal"];
