@@ -159,6 +159,90 @@ DROPIT_HD void expand_index_range(const T* values, const Index* index, std::size
   }
 }
 
+/// One past the last element of block b (of `block_elements`) of an n-element tensor.
+[[nodiscard]] DROPIT_HD inline std::size_t block_end(std::size_t b, std::size_t n) noexcept {
+  const std::size_t end = (b + 1) * block_elements;
+  return end < n ? end : n;
+}
+
+/**
+ * Marks and compacts block b, bitmask encoding: writes the block's bitmask words and its kept
+ * values from `values + at`, where `at` is the kept count before block b. Returns the kept count
+ * after block b. The same bytes as the host's per-word loop (mark_word + compact_word).
+ */
+template <class P, class T, class Key>
+DROPIT_HD std::size_t compact_block_bitmask(const P& policy, const T* x, std::size_t n,
+                                            std::size_t b, threshold<Key> th, std::size_t at,
+                                            T* values, std::uint32_t* words) noexcept {
+  const std::size_t w0 = b * (block_elements / word_elements);
+  const std::size_t w1 = (block_end(b, n) + word_elements - 1) / word_elements;
+  for (std::size_t w = w0; w < w1; ++w) {
+    const std::uint32_t m = mark_word(policy, x, n, w, th);
+    words[w] = m;
+    compact_word(x, w, m, values + at);
+    at += static_cast<std::size_t>(popcount32(m));
+  }
+  return at;
+}
+
+/// Marks and compacts block b, index-list encoding: kept values and their indices from `at`.
+template <class P, class T, class Key, class Index>
+DROPIT_HD std::size_t compact_block_index(const P& policy, const T* x, std::size_t n, std::size_t b,
+                                          threshold<Key> th, std::size_t at, T* values,
+                                          Index* index) noexcept {
+  const std::size_t w0 = b * (block_elements / word_elements);
+  const std::size_t w1 = (block_end(b, n) + word_elements - 1) / word_elements;
+  for (std::size_t w = w0; w < w1; ++w) {
+    const std::uint32_t m = mark_word(policy, x, n, w, th);
+    if (m == 0) continue;
+    compact_word(x, w, m, values + at);
+    compact_word_index(w, m, index + at);
+    at += static_cast<std::size_t>(popcount32(m));
+  }
+  return at;
+}
+
+/// Restores block b from the bitmask encoding: `at` is the block's offset into the values.
+template <class T>
+DROPIT_HD void expand_block_bitmask(const T* values, const std::uint32_t* words, std::size_t n,
+                                    std::size_t b, std::size_t at, T* out,
+                                    restore_value<T> op) noexcept {
+  const std::size_t w0 = b * (block_elements / word_elements);
+  const std::size_t w1 = (block_end(b, n) + word_elements - 1) / word_elements;
+  for (std::size_t w = w0; w < w1; ++w) {
+    expand_word(values + at, words[w], w, n, out, op);
+    at += static_cast<std::size_t>(popcount32(words[w]));
+  }
+}
+
+/**
+ * The bucket a radix pass picks, stated through suffix sums so that a parallel scan can find it:
+ * with `from_d` = matching keys whose digit is >= d and `above_d` = those whose digit is > d,
+ * digit d is picked iff above_d < rank and (from_d >= rank or d == 0). Exactly one digit
+ * qualifies; it is the one `radix_state::advance` stops at.
+ */
+[[nodiscard]] DROPIT_HD inline bool radix_picks(std::size_t from_d, std::size_t above_d,
+                                                std::size_t rank, unsigned d) noexcept {
+  return above_d < rank && (from_d >= rank || d == 0);
+}
+
+/**
+ * Fixes the next digit of `s` to d, the bucket `radix_picks` chose: `above_d` matching keys have
+ * a larger digit, `bucket` have digit d. Leaves `s` as `s.advance(hist)` would.
+ */
+template <class Key>
+DROPIT_HD void radix_advance_to(radix_state<Key>& s, unsigned d, std::size_t above_d,
+                                std::size_t bucket) noexcept {
+  const int b = s.digit_bits();
+  const unsigned top = s.bins() - 1;
+  s.rank -= above_d;
+  s.above += above_d;
+  s.shift -= b;
+  s.prefix = static_cast<Key>(s.prefix | static_cast<Key>(static_cast<Key>(d) << s.shift));
+  s.mask = static_cast<Key>(s.mask | static_cast<Key>(static_cast<Key>(top) << s.shift));
+  s.in_bucket = bucket;
+}
+
 /// Zeroes the padding between the sections of a host-accessible payload.
 inline void zero_padding(std::byte* base, const packed_layout& l) noexcept {
   const padding_gaps g = padding_of(l);

@@ -1,0 +1,569 @@
+// The device suite: the host executor's oracle cases, run on the CUDA executor (on the emulated
+// device with g++ and Thrust's OpenMP system; on a GPU with nvcc, there with the fast and the
+// portable kernels), plus what is the device's own: byte identity with the host executor, every
+// way the selection resolves, memory resources and workspaces, streams, and errors.
+#include "device_support.hpp"
+
+#include <array>
+#include <atomic>
+#include <functional>
+#include <limits>
+#include <map>
+#include <new>
+#include <stdexcept>
+#include <thread>
+
+using namespace dropit_test;
+
+namespace {
+
+// Sanitizer builds (Debug, ASan + UBSan) run the large sizes smaller, still above the sample size
+// (2^16), so that every path of the selection runs there too.
+#if defined(DROPIT_TEST_SANITIZED)
+constexpr std::size_t large = (std::size_t{1} << 17) + 7;
+constexpr std::size_t selection_n = (std::size_t{1} << 16) + 123;
+const double selection_gammas[] = {0.5, 0.99};
+#else
+constexpr std::size_t large = (std::size_t{1} << 20) + 7;
+constexpr std::size_t selection_n = (std::size_t{1} << 17) + 123;
+const double selection_gammas[] = {0.1, 0.5, 0.9, 0.99};
+#endif
+const std::size_t sizes[] = {0, 1, 2, 31, 32, 33, 63, 64, 65, 1000, large};
+const double gammas[] = {0.0, 0.1, 0.5, 0.9, 0.99, 1.0};
+
+/// Packs x on the device with policy p, checks the cache's numbers, and returns the restored
+/// tensor (copied to the host).
+template <class C, class P, class T = typename C::type>
+std::vector<T> pack_restore(const P& p, const std::vector<T>& x, std::size_t expect_k) {
+  test_stream stream;
+  device_buffer<T> dx(x);
+  dropit::SparseCache<T, P> cache{p};
+  cache.pack(C::exec(stream.get()), dx.cspan());
+  CHECK_FALSE(cache.empty());
+  CHECK(cache.size() == x.size());
+  CHECK(cache.kept() == expect_k);
+  CHECK(cache.bytes() == described_bytes(x.size(), expect_k, sizeof(T)));
+  CHECK(cache.space() == dropit::memory_space::device);
+  // Garbage in the output: restore must write every element.
+  device_buffer<T> out(std::vector<T>(x.size(), from_double<T>(-123.0)));
+  cache.restore(C::exec(stream.get()), out.span());
+  return out.to_host(stream.get());
+}
+
+/// The payload of a host pack.
+template <class T, class P>
+std::vector<std::byte> host_payload(const P& p, const std::vector<T>& x) {
+  dropit::SparseCache<T, P> cache{p};
+  cache.pack(dropit::host, x);
+  return {cache.payload().begin(), cache.payload().end()};
+}
+
+/// The payload of a device pack (copied to the host).
+template <class T, class P>
+std::vector<std::byte> device_payload(const P& p, const std::vector<T>& x,
+                                      const dropit::cuda_executor& exec) {
+  device_buffer<T> dx(x);
+  dropit::SparseCache<T, P> cache{p};
+  cache.pack(exec, dx.cspan());
+  return bytes_to_host(cache.payload(), exec.stream.get());
+}
+
+/// Indices where a restored tensor is non-zero (inputs must be non-zero everywhere).
+template <class T>
+std::vector<std::size_t> nonzero_positions(const std::vector<T>& v) {
+  std::vector<std::size_t> idx;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (to_double(v[i]) != 0.0) idx.push_back(i);
+  }
+  return idx;
+}
+
+/// Special inputs (the host suite's): ties, all equal, zeros, negatives, denormals, Inf, NaN.
+template <class T>
+std::map<std::string, std::function<T(std::size_t)>> special_inputs() {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  return {
+      {"ties", [](std::size_t i) { return from_double<T>(static_cast<double>(i * 7 % 5) - 2.0); }},
+      {"all equal", [](std::size_t) { return from_double<T>(1.5); }},
+      {"all zero", [](std::size_t) { return from_double<T>(0.0); }},
+      {"signed zeros", [](std::size_t i) { return from_double<T>(i % 3 ? -0.0 : 0.0); }},
+      {"negatives",
+       [](std::size_t i) { return from_double<T>(-1.0 - static_cast<double>(i % 97)); }},
+      {"denormals",
+       [](std::size_t i) {
+         return i % 4 == 0 ? from_bits<T>(1 + i % 3)
+                           : (i % 4 == 1 ? from_double<T>(0.0) : from_bits<T>(1));
+       }},
+      {"inf and nan",
+       [=](std::size_t i) {
+         switch (i % 11) {
+           case 0:
+             return from_double<T>(inf);
+           case 3:
+             return from_double<T>(-inf);
+           case 5:
+             return from_double<T>(nan);
+           case 7:
+             return from_double<T>(-nan);
+           default:
+             return from_double<T>(static_cast<double>(i % 13) - 6.0);
+         }
+       }},
+  };
+}
+
+}  // namespace
+
+// ---- the host suite's oracle cases, on the device ---------------------------------------------
+
+TEST_CASE_TEMPLATE("device: MinK agrees with the brute-force oracle for every size and gamma" *
+                       DROPIT_DEVICE,
+                   C, DROPIT_DEVICE_CASES) {
+  using T = typename C::type;
+  INFO(C::name());
+  for (std::size_t n : sizes) {
+    const auto x = normal_values<T>(n, 1000 + n);
+    for (double g : gammas) {
+      CAPTURE(n);
+      CAPTURE(g);
+      const std::size_t k = expected_k(n, g);
+      const auto got = pack_restore<C>(dropit::MinK<>{g}, x, k);
+      CHECK(same_bits<T>(got, dense_from<T>(x, oracle_mink<T>(x, k))));
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("device: MinK on special inputs" * DROPIT_DEVICE, C, DROPIT_DEVICE_CASES) {
+  using T = typename C::type;
+  INFO(C::name());
+  for (const auto& [name, make] : special_inputs<T>()) {
+    for (std::size_t n :
+         {std::size_t{1}, std::size_t{33}, std::size_t{1000}, large / 2}) {
+      std::vector<T> x(n);
+      for (std::size_t i = 0; i < n; ++i)
+        x[i] = make(i);
+      for (double g : gammas) {
+        CAPTURE(name);
+        CAPTURE(n);
+        CAPTURE(g);
+        const std::size_t k = expected_k(n, g);
+        const auto got = pack_restore<C>(dropit::MinK<>{g}, x, k);
+        CHECK(same_bits<T>(got, dense_from<T>(x, oracle_mink<T>(x, k))));
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("device: k = 0 stores nothing (still in device memory); k = n stores a copy" *
+                       DROPIT_DEVICE,
+                   C, DROPIT_DEVICE_CASES) {
+  using T = typename C::type;
+  INFO(C::name());
+  test_stream stream;
+  const auto x = normal_values<T>(5000, 5);
+  device_buffer<T> dx(x);
+  dropit::SparseCache<T, dropit::MinK<>> none{dropit::MinK<>{1.0}};
+  none.pack(C::exec(stream.get()), dx.cspan());
+  CHECK(none.kept() == 0);
+  CHECK(none.bytes() == 0);
+  CHECK(none.space() == dropit::memory_space::device);
+  device_buffer<T> out(std::vector<T>(x.size(), from_double<T>(9.0)));
+  none.restore(C::exec(stream.get()), out.span());
+  CHECK(same_bits<T>(out.to_host(stream.get()), std::vector<T>(x.size(), from_double<T>(0.0))));
+  // A device payload is restored by the device executor only.
+  std::vector<T> host_out(x.size());
+  CHECK_THROWS_AS(none.restore(dropit::host, std::span<T>(host_out)), dropit::error);
+
+  dropit::SparseCache<T, dropit::MinK<>> all{dropit::MinK<>{0.0}};
+  all.pack(C::exec(stream.get()), dx.cspan());
+  CHECK(all.kept() == x.size());
+  CHECK(all.bytes() == x.size() * sizeof(T));
+  CHECK(all.layout().positions == dropit::position_encoding::none);
+  all.restore(C::exec(stream.get()), out.span());
+  CHECK(same_bits<T>(out.to_host(stream.get()), x));
+}
+
+TEST_CASE_TEMPLATE("device: Identity keeps everything and restores exactly" * DROPIT_DEVICE, C,
+                   DROPIT_DEVICE_CASES) {
+  using T = typename C::type;
+  INFO(C::name());
+  for (std::size_t n : sizes) {
+    CAPTURE(n);
+    auto x = normal_values<T>(n, 77 + n);
+    if (n > 3) x[3] = from_double<T>(-0.0);
+    CHECK(same_bits<T>(pack_restore<C>(dropit::Identity{}, x, n), x));
+  }
+}
+
+TEST_CASE_TEMPLATE("device: Random keeps exactly k positions, chosen by its key" * DROPIT_DEVICE, C,
+                   DROPIT_DEVICE_CASES) {
+  using T = typename C::type;
+  INFO(C::name());
+  for (std::size_t n : sizes) {
+    std::vector<T> x(n);
+    for (std::size_t i = 0; i < n; ++i)
+      x[i] = from_double<T>(1.0 + static_cast<double>(i % 7));
+    for (double g : gammas) {
+      CAPTURE(n);
+      CAPTURE(g);
+      const dropit::Random<> p{g, 1234 + n};
+      const std::size_t k = expected_k(n, g);
+      const auto got = pack_restore<C>(p, x, k);
+      const auto kept = nonzero_positions(got);
+      CHECK(kept == oracle_by_key<T>(p, x, k));
+      CHECK(same_bits<T>(got, dense_from<T>(x, kept)));
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("device: Random's unbiased mode scales restored values by n / k" * DROPIT_DEVICE,
+                   C, DROPIT_DEVICE_CASES) {
+  using T = typename C::type;
+  INFO(C::name());
+  for (double g : {0.0, 0.75, 0.99}) {
+    CAPTURE(g);
+    const std::size_t n = 4000;
+    std::vector<T> x(n);
+    for (std::size_t i = 0; i < n; ++i)
+      x[i] = from_double<T>(1.0 + static_cast<double>(i % 5));
+    const dropit::Random<> p{g, 3, dropit::scaling::unbiased};
+    const std::size_t k = expected_k(n, g);
+    const auto got = pack_restore<C>(p, x, k);
+    const double scale = static_cast<double>(n) / static_cast<double>(k);
+    const auto kept = nonzero_positions(got);
+    CHECK(kept == oracle_by_key<T>(p, x, k));
+    for (std::size_t i : kept)
+      CHECK(to_double(got[i]) == to_double(dropit::detail::scaled(x[i], scale)));
+  }
+}
+
+TEST_CASE_TEMPLATE("device: restore is repeatable; a second pack replaces the first" *
+                       DROPIT_DEVICE,
+                   C, DROPIT_DEVICE_CASES) {
+  using T = typename C::type;
+  INFO(C::name());
+  test_stream stream;
+  const auto exec = C::exec(stream.get());
+  const auto x = normal_values<T>(3000, 1);
+  const auto y = normal_values<T>(700, 2);
+  device_buffer<T> dx(x), dy(y), a(x.size()), b(x.size()), c(x.size()), d(y.size());
+  dropit::SparseCache<T, dropit::MinK<>> cache{dropit::MinK<>{0.9}};
+  cache.pack(exec, dx.cspan());
+  cache.restore(exec, a.span());
+  cache.restore(exec, b.span());
+  const auto ha = a.to_host(stream.get());
+  CHECK(same_bits<T>(ha, b.to_host(stream.get())));
+  CHECK(same_bits<T>(ha, dense_from<T>(x, oracle_mink<T>(x, expected_k(x.size(), 0.9)))));
+  dropit::SparseCache<T, dropit::MinK<>> again{dropit::MinK<>{0.9}};
+  again.pack(exec, a.cspan());
+  again.restore(exec, c.span());
+  CHECK(same_bits<T>(ha, c.to_host(stream.get())));
+  cache.pack(exec, dy.cspan());
+  CHECK(cache.size() == y.size());
+  cache.restore(exec, d.span());
+  CHECK(same_bits<T>(d.to_host(stream.get()),
+                     dense_from<T>(y, oracle_mink<T>(y, expected_k(y.size(), 0.9)))));
+}
+
+TEST_CASE("device: zero-length tensors pack and restore; the cache is then not empty" *
+          DROPIT_DEVICE) {
+  test_stream stream;
+  dropit::SparseCache<float, dropit::MinK<0.9>> cache;
+  cache.pack(dropit::cuda{stream.get()}, std::span<const float>{});
+  CHECK_FALSE(cache.empty());
+  CHECK(cache.size() == 0);
+  CHECK(cache.bytes() == 0);
+  CHECK(cache.space() == dropit::memory_space::device);
+  CHECK_NOTHROW(cache.restore(dropit::cuda{stream.get()}, std::span<float>{}));
+}
+
+// ---- byte identity with the host executor -----------------------------------------------------
+
+TEST_CASE_TEMPLATE("device and host payloads are byte-identical (MinK, Random, Identity)" *
+                       DROPIT_DEVICE,
+                   C, DROPIT_DEVICE_CASES) {
+  using T = typename C::type;
+  INFO(C::name());
+  test_stream stream;
+  const auto exec = C::exec(stream.get());
+  for (std::size_t n : sizes) {
+    const auto x = normal_values<T>(n, 31 + n);
+    CAPTURE(n);
+    CHECK(device_payload<T>(dropit::Identity{}, x, exec) == host_payload<T>(dropit::Identity{}, x));
+    for (double g : gammas) {
+      CAPTURE(g);
+      CHECK(device_payload<T>(dropit::MinK<>{g}, x, exec) == host_payload<T>(dropit::MinK<>{g}, x));
+      const dropit::Random<> r{g, 99 + n};
+      CHECK(device_payload<T>(r, x, exec) == host_payload<T>(r, x));
+    }
+  }
+}
+
+namespace {
+
+/// What the selection did: the final control block, copied back.
+template <class Key>
+struct outcome {
+  std::vector<std::byte> payload;
+  int mode;
+  bool fell_back;
+};
+
+/// A device pack with the selection's knobs turned; returns its payload and how it resolved.
+template <class T, class P>
+auto tuned_pack(const P& p, const std::vector<T>& x, const dropit::cuda_executor& exec,
+                const dropit::detail::dev::select_tuning& tuning) {
+  using Key = dropit::detail::key_type_t<P, T>;
+  using ctl_t = dropit::detail::dev::select_ctl<Key>;
+  device_buffer<T> dx(x);
+  device_buffer<std::byte> ctl(sizeof(ctl_t));
+  auto t = tuning;
+  t.ctl_copy = ctl.data();
+  const auto layout = dropit::make_layout(x.size(), p.kept(x.size()), sizeof(T));
+  const auto payload = dropit::detail::dev::pack(exec, p, dx.data(), layout, t);
+  const auto bytes = bytes_to_host({payload.data(), payload.bytes()}, exec.stream.get());
+  const auto raw = ctl.to_host(exec.stream.get());
+  alignas(ctl_t) std::byte copy[sizeof(ctl_t)];
+  std::memcpy(copy, raw.data(), sizeof(ctl_t));
+  const auto* c = reinterpret_cast<const ctl_t*>(copy);
+  return outcome<Key>{bytes, c->mode, c->fell_back};
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("every way the device selection resolves gives the host's bytes" * DROPIT_DEVICE,
+                   C, DROPIT_DEVICE_CASES) {
+  using T = typename C::type;
+  using dropit::detail::dev::mode_cand;
+  using dropit::detail::dev::mode_ties;
+  INFO(C::name());
+  test_stream stream;
+  const auto exec = C::exec(stream.get());
+  const std::size_t n = selection_n;
+  std::map<std::string, std::vector<T>> inputs;
+  inputs["normal"] = normal_values<T>(n, 8);
+  inputs["ascending"] = inputs["normal"];
+  std::sort(inputs["ascending"].begin(), inputs["ascending"].end(),
+            [](T a, T b) { return std::fabs(to_double(a)) < std::fabs(to_double(b)); });
+  inputs["descending"] = {inputs["ascending"].rbegin(), inputs["ascending"].rend()};
+  inputs["relu (60% zeros)"] = inputs["normal"];
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i % 5 < 3) inputs["relu (60% zeros)"][i] = from_double<T>(0.0);
+  }
+  inputs["two values"] = std::vector<T>(n, from_double<T>(1.0));
+  for (std::size_t i = 0; i < n; i += 3)
+    inputs["two values"][i] = from_double<T>(2.0);
+  inputs["all equal"] = std::vector<T>(n, from_double<T>(-0.5));
+
+  struct knob {
+    const char* name;
+    dropit::detail::dev::select_tuning tuning;
+  };
+  const knob knobs[] = {
+      {"default", {}},
+      {"forced fallback", {.force_fallback = true}},
+      {"one candidate slot", {.capacity = 1}},
+      {"tiny sample", {.sample = 16}},
+      {"no margin", {.margin = 0.0}},
+      {"whole input sampled", {.sample = n}},
+  };
+  std::map<int, int> modes;
+  int fallbacks = 0;
+  for (const auto& [name, x] : inputs) {
+    for (double g : selection_gammas) {
+      const dropit::MinK<> mink{g};
+      const dropit::Random<> random{g, 5};
+      const auto want_m = host_payload<T>(mink, x);
+      const auto want_r = host_payload<T>(random, x);
+      for (const knob& kn : knobs) {
+        CAPTURE(name);
+        CAPTURE(g);
+        CAPTURE(kn.name);
+        const auto m = tuned_pack<T>(mink, x, exec, kn.tuning);
+        CHECK(m.payload == want_m);
+        CHECK((m.mode == mode_cand || m.mode == mode_ties));
+        const auto r = tuned_pack<T>(random, x, exec, kn.tuning);
+        CHECK(r.payload == want_r);
+        ++modes[m.mode];
+        ++modes[r.mode];
+        fallbacks += m.fell_back + r.fell_back;
+        if (kn.tuning.force_fallback) CHECK(m.fell_back);
+      }
+    }
+  }
+  // The inputs and knobs above reach both ways to resolve, and the fallback.
+  CHECK(modes[mode_cand] > 0);
+  CHECK(modes[mode_ties] > 0);
+  CHECK(fallbacks > 0);
+}
+
+TEST_CASE("radix_advance_to matches radix_state::advance for the bucket radix_picks chooses") {
+  std::mt19937_64 gen(3);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<std::size_t> hist(dropit::detail::dev::radix_bins, 0);
+    const unsigned bins = trial % 3 == 0 ? 32u : dropit::detail::dev::radix_bins;
+    std::size_t total = 0;
+    for (unsigned d = 0; d < bins; ++d) {
+      hist[d] = gen() % 4 == 0 ? gen() % 50 : 0;
+      total += hist[d];
+    }
+    if (total == 0) continue;
+    const std::size_t rank = 1 + gen() % total;
+    dropit::detail::radix_state<std::uint32_t> serial(rank), parallel(rank);
+    if (bins == 32) serial.shift = parallel.shift = 5;
+    serial.advance(hist.data());
+    int picked = 0;
+    std::size_t above = 0;
+    for (int d = static_cast<int>(dropit::detail::dev::radix_bins) - 1; d >= 0; --d) {
+      if (dropit::detail::radix_picks(above + hist[d], above, rank, static_cast<unsigned>(d))) {
+        dropit::detail::radix_advance_to(parallel, static_cast<unsigned>(d), above, hist[d]);
+        ++picked;
+      }
+      above += hist[d];
+    }
+    REQUIRE(picked == 1);
+    CHECK(parallel.prefix == serial.prefix);
+    CHECK(parallel.mask == serial.mask);
+    CHECK(parallel.shift == serial.shift);
+    CHECK(parallel.rank == serial.rank);
+    CHECK(parallel.above == serial.above);
+    CHECK(parallel.in_bucket == serial.in_bucket);
+  }
+}
+
+// ---- memory -----------------------------------------------------------------------------------
+
+namespace {
+/// Counts what it hands out (over the default device resource); can be told to fail.
+class counting_resource : public dropit::device_memory_resource {
+ public:
+  std::size_t live = 0, peak = 0, calls = 0;
+  bool fail = false;
+
+ private:
+  void* do_allocate(std::size_t bytes, cudaStream_t stream) override {
+    if (fail) throw std::bad_alloc();
+    ++calls;
+    live += bytes;
+    peak = std::max(peak, live);
+    return dropit::default_device_resource()->allocate(bytes, stream);
+  }
+  void do_deallocate(void* p, std::size_t bytes, cudaStream_t stream) noexcept override {
+    live -= bytes;
+    dropit::default_device_resource()->deallocate(p, bytes, stream);
+  }
+};
+}  // namespace
+
+TEST_CASE("device: the payload comes from the executor's resource and goes back to it" *
+          DROPIT_DEVICE) {
+  test_stream stream;
+  counting_resource mr;
+  const auto x = normal_values<float>(1 << 20, 4);
+  device_buffer<float> dx(x);
+  {
+    dropit::SparseCache<float, dropit::MinK<0.9>> cache;
+    cache.pack(dropit::cuda{.stream = stream.get(), .resource = &mr}, dx.cspan());
+    // The temporaries came from mr too (no workspace given) and went back at the end of the call.
+    CHECK(mr.live == cache.bytes());
+    CHECK(mr.peak > cache.bytes());
+    cache.pack(dropit::cuda{.stream = stream.get(), .resource = &mr}, dx.cspan().first(1000));
+    CHECK(mr.live == cache.bytes());
+    dropit::SparseCache<float, dropit::MinK<>> none{dropit::MinK<>{1.0}};
+    const std::size_t calls = mr.calls;
+    none.pack(dropit::cuda{.stream = stream.get(), .resource = &mr}, dx.cspan());
+    CHECK(mr.calls == calls);  // k = 0: nothing allocated
+    CHECK(none.space() == dropit::memory_space::device);
+    cache.clear();
+    CHECK(mr.live == 0);
+    cache.pack(dropit::cuda{.stream = stream.get(), .resource = &mr}, dx.cspan());
+  }
+  CHECK(mr.live == 0);
+  stream.sync();
+}
+
+TEST_CASE("device: a workspace keeps the temporaries between calls" * DROPIT_DEVICE) {
+  test_stream stream;
+  counting_resource payloads, temps;
+  dropit::cuda_workspace ws(&temps);
+  CHECK(ws.resource() == &temps);
+  CHECK(ws.bytes() == 0);
+  const auto exec = dropit::cuda{.stream = stream.get(), .resource = &payloads, .workspace = &ws};
+  const auto x = normal_values<float>(3 * large, 9);
+  device_buffer<float> dx(x), out(x.size());
+  dropit::SparseCache<float, dropit::MinK<0.9>> cache;
+  cache.pack(exec, dx.cspan());
+  CHECK(payloads.live == cache.bytes());
+  CHECK(temps.live == ws.bytes());
+  CHECK(ws.bytes() > 0);
+  const std::size_t allocations = ws.allocations();
+  for (int i = 0; i < 3; ++i) {
+    cache.pack(exec, dx.cspan());
+    cache.restore(exec, out.span());
+  }
+  CHECK(ws.allocations() == allocations);  // reused, not allocated again
+  CHECK(same_bits<float>(out.to_host(stream.get()),
+                         dense_from<float>(x, oracle_mink<float>(x, expected_k(x.size(), 0.9)))));
+  ws.release();
+  CHECK(ws.bytes() == 0);
+  CHECK(temps.live == 0);
+  stream.sync();
+}
+
+TEST_CASE("device: a failing resource throws and leaves the cache as it was" * DROPIT_DEVICE) {
+  test_stream stream;
+  counting_resource mr;
+  const auto x = normal_values<float>(5000, 6);
+  device_buffer<float> dx(x), out(x.size());
+  dropit::SparseCache<float, dropit::MinK<0.9>> cache;
+  cache.pack(dropit::cuda{stream.get()}, dx.cspan());
+  const auto before = bytes_to_host(cache.payload(), stream.get());
+  mr.fail = true;
+  CHECK_THROWS_AS(cache.pack(dropit::cuda{.stream = stream.get(), .resource = &mr}, dx.cspan()),
+                  std::bad_alloc);
+  CHECK(cache.kept() == 500);
+  CHECK(bytes_to_host(cache.payload(), stream.get()) == before);
+  cache.restore(dropit::cuda{stream.get()}, out.span());
+  CHECK(same_bits<float>(out.to_host(stream.get()),
+                         dense_from<float>(x, oracle_mink<float>(x, 500))));
+}
+
+TEST_CASE("device: threads pack at once, each on its own default workspace" * DROPIT_DEVICE) {
+  const auto x = normal_values<float>((1 << 18) + 5, 12);
+  const auto want = dense_from<float>(x, oracle_mink<float>(x, expected_k(x.size(), 0.5)));
+  std::atomic<int> good{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 4; ++i) {
+        if (same_bits<float>(pack_restore<on<float, fast_kernels>>(dropit::MinK<>{0.5}, x,
+                                                                   expected_k(x.size(), 0.5)),
+                             want)) {
+          ++good;
+        }
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  CHECK(good == 12);
+}
+
+// ---- errors -----------------------------------------------------------------------------------
+
+TEST_CASE("cuda_error messages name the file, the line, the call and CUDA's error string") {
+  const std::string m =
+      dropit::detail::cuda_error_message("cudaMallocAsync(&p, bytes, stream)", "alloc.cuh", 42,
+                                         "cudaErrorMemoryAllocation", "out of memory");
+  CHECK(m ==
+        "dropit: CUDA error at alloc.cuh:42: cudaMallocAsync(&p, bytes, stream) failed: "
+        "cudaErrorMemoryAllocation: out of memory");
+  const dropit::cuda_error e(m);
+  const dropit::error& base = e;  // a cuda_error is a dropit::error
+  CHECK(std::string(base.what()) == m);
+}
+
+#if !DROPIT_CUDA_EMULATED
+#include "device_cuda_cases.inl"
+#endif
