@@ -70,6 +70,9 @@ class device_buffer {
   }
   explicit device_buffer(const std::vector<T>& host) : device_buffer(host.size()) {
     if (n_ != 0) check(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+    // A copy from pageable memory may return before its DMA lands, and it runs on the legacy
+    // default stream, which the suite's non-blocking streams do not wait for: finish it here.
+    check(cudaDeviceSynchronize());
   }
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
