@@ -115,6 +115,34 @@ TEST_CASE("torch: mask ReLU saves 1 bit per element; LibTorch's saves its dense 
   MESSAGE("ReLU saved bytes for 65536 floats: dropit " << ours << ", LibTorch " << theirs);
 }
 
+TEST_CASE("torch: mask ReLU's backward reuses a gradient only the engine holds, never a held one") {
+  CHECK(dt::detail::engine_owned_use_count() > 0);
+  dt::counting_allocator counter;
+  dt::cpu_allocator_guard install(counter);
+  auto x = torch::randn({4096}).requires_grad_(true);
+  auto allocations_in_backward = [&](auto relu) {
+    auto y = (relu(x * 1.0) * 2.0).sum();
+    const auto before = counter.allocations();
+    y.backward();
+    return counter.allocations() - before;
+  };
+  const auto ours = allocations_in_backward([](const torch::Tensor& h) { return dt::relu(h); });
+  const auto ours_grad = x.grad().clone();
+  x.grad().zero_();
+  const auto theirs =
+      allocations_in_backward([](const torch::Tensor& h) { return torch::relu(h); });
+  CHECK(ours + 1 == theirs);  // LibTorch's threshold_backward allocates; ours overwrites
+  CHECK(torch::equal(ours_grad, x.grad()));
+
+  // retain_grad holds the incoming gradient: it must come out unmasked, and the result correct.
+  x.grad().zero_();
+  auto r = dt::relu(x * 1.0);
+  r.retain_grad();
+  (r * 2.0).sum().backward();
+  CHECK(torch::equal(r.grad(), torch::full({4096}, 2.0f)));
+  CHECK(torch::equal(x.grad(), ours_grad));
+}
+
 TEST_CASE("torch: the half-precision mask ReLU matches float ReLU") {
   torch::manual_seed(3);
   auto x = torch::randn({300}).to(torch::kHalf);

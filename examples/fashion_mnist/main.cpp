@@ -40,7 +40,7 @@ struct options {
   std::uint64_t seed = 0;
   std::string csv;
   bool masks = true;
-  bool relu_mlp = false;
+  bool relu_mlp = true;
   int threads = 2;
   double lr = 0.0;  // 0: the model's default
   std::string data = "/usr/share/datasets/fashion-mnist";
@@ -192,11 +192,13 @@ int main(int argc, char** argv) {
   dt::convert_report report;
   if (opt.model == "cnn") {
     auto cnn = fmnist::make_cnn();
-    report = dt::to_dropit(*cnn, policy, {.masks = opt.masks});
+    dt::convert_options co;
+    co.masks = opt.masks;
+    report = dt::to_dropit(*cnn, policy, co);
     net = cnn.ptr();
     fwd = [cnn](torch::Tensor x) mutable { return cnn->forward(x); };
   } else {
-    fmnist::ViT vit(64, 4, 4, 256, opt.relu_mlp);
+    fmnist::ViT vit(64, 4, 4, 256, opt.relu_mlp, opt.masks && policy.active());
     dt::convert_options co;
     co.masks = opt.masks;
     report = dt::to_dropit(*vit, policy, co);

@@ -31,29 +31,43 @@ inline torch::nn::Sequential make_cnn(std::int64_t c1 = 16, std::int64_t c2 = 32
                         nn::Linear(c2 * 7 * 7, hidden), nn::ReLU(), nn::Linear(hidden, 10));
 }
 
-/// Pre-norm transformer block; its four Linear layers are dropit layers.
+/// Pre-norm transformer block; its four Linear layers are dropit layers. With `relu_mlp` the MLP
+/// uses a dropit ReLU (a 1-bit mask instead of LibTorch's dense saved output); `inplace_relu`
+/// lets it overwrite fc1's output. LibTorch's own relu_ on that output costs more than its
+/// out-of-place relu (autograd's in-place-on-view machinery), so the baseline runs out of place.
 struct BlockImpl : torch::nn::Module {
-  BlockImpl(std::int64_t dim, std::int64_t heads, std::int64_t mlp, bool relu_mlp)
+  BlockImpl(std::int64_t dim, std::int64_t heads, std::int64_t mlp, bool relu_mlp,
+            bool inplace_relu)
       : heads(heads), relu_mlp(relu_mlp) {
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
     qkv = register_module("qkv", dt::Linear(dim, 3 * dim));
     proj = register_module("proj", dt::Linear(dim, dim));
     ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
     fc1 = register_module("fc1", dt::Linear(dim, mlp));
-    act = register_module("act", dt::ReLU(torch::nn::ReLUOptions().inplace(true)));
+    act = register_module("act", dt::ReLU(torch::nn::ReLUOptions().inplace(inplace_relu)));
     fc2 = register_module("fc2", dt::Linear(mlp, dim));
   }
 
+  // Each sub-block is its own function so that its temporaries (the qkv output, the scores, the
+  // MLP's hidden activation) are freed as soon as it returns, not at the end of the block.
+  torch::Tensor attention(const torch::Tensor& h) {
+    const std::int64_t b = h.size(0), t = h.size(1), d = h.size(2), dh = d / heads;
+    const auto q_k_v = qkv(h).view({b, t, 3, heads, dh}).permute({2, 0, 3, 1, 4});
+    // Scaling q (a contiguous copy matmul can use as is) costs less than scaling the scores.
+    const auto att = torch::softmax(
+        torch::matmul(q_k_v[0] * (1.0 / std::sqrt(double(dh))), q_k_v[1].transpose(-2, -1)), -1);
+    return torch::matmul(att, q_k_v[2]).transpose(1, 2).reshape({b, t, d});
+  }
+
+  torch::Tensor mlp(const torch::Tensor& h) {
+    auto hidden = fc1(h);
+    hidden = relu_mlp ? act(hidden) : torch::gelu(hidden);
+    return fc2(hidden);
+  }
+
   torch::Tensor forward(torch::Tensor x) {
-    const std::int64_t b = x.size(0), t = x.size(1), d = x.size(2), dh = d / heads;
-    auto qkv_out = qkv(ln1(x)).view({b, t, 3, heads, dh}).permute({2, 0, 3, 1, 4});
-    auto q = qkv_out[0], k = qkv_out[1], v = qkv_out[2];
-    auto att = torch::softmax(torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(dh)), -1);
-    auto o = torch::matmul(att, v).transpose(1, 2).reshape({b, t, d});
-    x = x + proj(o);
-    auto h = fc1(ln2(x));
-    h = relu_mlp ? act(h) : torch::gelu(h);
-    return x + fc2(h);
+    x = x + proj(attention(ln1(x)));
+    return x + mlp(ln2(x));
   }
 
   std::int64_t heads;
@@ -68,12 +82,13 @@ TORCH_MODULE(Block);
 /// mean over tokens, linear head.
 struct ViTImpl : torch::nn::Module {
   ViTImpl(std::int64_t dim = 64, std::int64_t depth = 4, std::int64_t heads = 4,
-          std::int64_t mlp = 256, bool relu_mlp = false) {
+          std::int64_t mlp = 256, bool relu_mlp = true, bool inplace_relu = false) {
     patch = register_module("patch", dt::Conv2d(torch::nn::Conv2dOptions(1, dim, 7).stride(7)));
     pos = register_parameter("pos", torch::randn({1, 16, dim}) * 0.02);
     blocks = register_module("blocks", torch::nn::ModuleList());
-    for (std::int64_t i = 0; i < depth; ++i)
-      blocks->push_back(Block(dim, heads, mlp, relu_mlp));
+    for (std::int64_t i = 0; i < depth; ++i) {
+      blocks->push_back(Block(dim, heads, mlp, relu_mlp, inplace_relu));
+    }
     ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
     head = register_module("head", dt::Linear(dim, 10));
   }

@@ -249,6 +249,51 @@ struct conv2d_fn : ::torch::autograd::Function<conv2d_fn> {
   }
 };
 
+/// Records the use count of the gradient its backward receives.
+struct probe_sink_fn : ::torch::autograd::Function<probe_sink_fn> {
+  static std::size_t& seen() {
+    static std::size_t count = 0;
+    return count;
+  }
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x) { return x.clone(); }
+  static variable_list backward(AutogradContext*, variable_list grads) {
+    seen() = grads[0].use_count();
+    return {grads[0]};
+  }
+};
+
+/// Hands the next node a gradient nobody else holds.
+struct probe_source_fn : ::torch::autograd::Function<probe_source_fn> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x) { return x.clone(); }
+  static variable_list backward(AutogradContext*, variable_list grads) {
+    return {grads[0].clone()};
+  }
+};
+
+/**
+ * The use count a gradient has inside a custom Function's backward when only the autograd
+ * engine holds it, measured once on a two-node probe graph (LibTorch's engine and CppNode keep a
+ * fixed number of references). A gradient with exactly this count, no view and an unshared
+ * storage can be overwritten in place, as LibTorch's own AccumulateGrad does with the gradients it
+ * steals; any extra holder (a hook, retain_grad, a view) raises the count and turns this off.
+ */
+[[nodiscard]] inline std::size_t engine_owned_use_count() {
+  static const std::size_t count = [] {
+    ::torch::autograd::AutoGradMode enable(true);
+    const at::Tensor x = at::zeros({4}).requires_grad_(true);
+    probe_source_fn::apply(probe_sink_fn::apply(x)).sum().backward();
+    return probe_sink_fn::seen();
+  }();
+  return count;
+}
+
+/// Whether backward may overwrite the incoming gradient g (read straight from the by-value
+/// gradient list) instead of allocating its result.
+[[nodiscard]] inline bool engine_owns(const at::Tensor& g) {
+  return g.defined() && !g.requires_grad() && !g.is_view() &&
+         g.use_count() == engine_owned_use_count() && g.storage().use_count() == 1;
+}
+
 struct relu_fn : ::torch::autograd::Function<relu_fn> {
   // Works on the elements in memory order (any dense layout, channels-last included); the mask
   // follows that order, and the output and gradient keep x's strides.
@@ -267,10 +312,22 @@ struct relu_fn : ::torch::autograd::Function<relu_fn> {
     return y;
   }
 
+  // The result overwrites the incoming gradient when the engine alone holds it (see
+  // engine_owns): no second tensor of x's size at the peak of backward.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor mask = ctx->get_saved_variables()[0];
     const std::vector<std::int64_t> strides = ctx->saved_data["strides"].toIntVector();
+    const bool in_place = grads[0].strides() == at::IntArrayRef(strides) && engine_owns(grads[0]);
     at::Tensor g = grads[0];
+    if (in_place) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(
+          at::kBFloat16, at::kHalf, g.scalar_type(), "dropit_relu_bw_", [&] {
+            relu_mask_backward(g.data_ptr<scalar_t>(),
+                               reinterpret_cast<const std::uint32_t*>(mask.data_ptr()),
+                               g.data_ptr<scalar_t>(), g.numel());
+          });
+      return {g};
+    }
     if (g.strides() != at::IntArrayRef(strides)) {
       at::Tensor laid =
           at::empty_strided(ctx->saved_data["sizes"].toIntVector(), strides, g.options());
@@ -428,6 +485,7 @@ inline at::Tensor gpt2_conv1d(const at::Tensor& x, const at::Tensor& weight,
 inline at::Tensor relu(const at::Tensor& x) {
   if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad()) return at::relu(x);
   detail::check_mask_op(x, "relu");
+  (void)detail::engine_owned_use_count();
   return detail::relu_fn::apply(x);
 }
 
@@ -441,6 +499,7 @@ inline at::Tensor relu_(at::Tensor& x) {
     return at::relu_(x);
   }
   detail::check_mask_op(x, "relu_");
+  (void)detail::engine_owned_use_count();
   return detail::relu_inplace_fn::apply(x);
 }
 
