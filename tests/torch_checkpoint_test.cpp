@@ -27,7 +27,8 @@ double rel_diff(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 /// A small ResNet-like DAG: a stem, two residual blocks (conv-bn-relu-conv-bn + skip, relu), a
-/// block with two parallel branches concatenated, and a head that also reads the stem (a long skip).
+/// block with two parallel branches concatenated, and a head that also reads the stem (a long
+/// skip).
 struct residual_net : torch::nn::Module {
   residual_net() {
     stem = register_module("stem", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 8, 3).padding(1)));
@@ -41,7 +42,8 @@ struct residual_net : torch::nn::Module {
       bn_b.push_back(register_module("bn_b" + s, torch::nn::BatchNorm2d(8)));
     }
     left = register_module("left", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 4, 1)));
-    right = register_module("right", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 4, 3).padding(1)));
+    right =
+        register_module("right", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 4, 3).padding(1)));
     fc = register_module("fc", torch::nn::Linear(8 * 8 * 8, 10));
   }
 
@@ -49,7 +51,8 @@ struct residual_net : torch::nn::Module {
   dt::checkpointed_graph graph() {
     dt::checkpointed_graph g;
     vertex h = g.add("stem", {g.input()}, [this](auto& in) { return stem->forward(in[0]); });
-    const vertex stem_out = h = g.add("stem_relu", {h}, [](auto& in) { return torch::relu(in[0]); });
+    const vertex stem_out = h =
+        g.add("stem_relu", {h}, [](auto& in) { return torch::relu(in[0]); });
     for (std::size_t b = 0; b < conv_a.size(); ++b) {
       const std::string s = std::to_string(b);
       const vertex skip = h;
@@ -62,7 +65,8 @@ struct residual_net : torch::nn::Module {
       h = g.add("relu" + s, {h}, [](auto& in) { return torch::relu(in[0]); });
     }
     const vertex l = g.add("left", {h}, [this](auto& in) { return left->forward(in[0]); });
-    const vertex r = g.add("right", {h}, [this](auto& in) { return torch::tanh(right->forward(in[0])); });
+    const vertex r =
+        g.add("right", {h}, [this](auto& in) { return torch::tanh(right->forward(in[0])); });
     h = g.add("cat", {l, r}, [](auto& in) { return torch::cat({in[0], in[1]}, 1); });
     h = g.add("long_skip", {h, stem_out}, [](auto& in) { return in[0] * in[1].sigmoid(); });
     h = g.add("pool", {h}, [](auto& in) { return torch::avg_pool2d(in[0], 2).flatten(1); });
@@ -178,7 +182,8 @@ TEST_CASE("checkpointed_graph: between forward and backward only the checkpoints
   for (int i = 0; i < depth; ++i) {
     layers.emplace_back(torch::nn::Linear(256, 256));
     auto& layer = layers.back();
-    h = g.add("fc" + std::to_string(i), {h}, [layer](auto& in) mutable { return layer->forward(in[0]); });
+    h = g.add("fc" + std::to_string(i), {h},
+              [layer](auto& in) mutable { return layer->forward(in[0]); });
     h = g.add("tanh" + std::to_string(i), {h}, [](auto& in) { return torch::tanh(in[0]); });
   }
   const auto x = torch::randn({512, 256});  // 512 KiB per activation

@@ -9,9 +9,9 @@
  * dropit::torch::checkpointed_graph net;                      // vertex 0 is the input
  * auto c1 = net.add("conv1", {net.input()}, [&](auto& in) { return conv1->forward(in[0]); });
  * auto r1 = net.add("relu1", {c1}, [](auto& in) { return torch::relu(in[0]); });
- * auto out = net.add("fc", {r1, net.input()}, ...);            // any DAG; the last vertex is the output
- * net.plan(example_batch);          // measures every tensor's bytes, solves for the optimal plan
- * auto loss = criterion(net.forward(batch), labels);  // keeps only the checkpoints
+ * auto out = net.add("fc", {r1, net.input()}, ...);            // any DAG; the last vertex is the
+ * output net.plan(example_batch);          // measures every tensor's bytes, solves for the optimal
+ * plan auto loss = criterion(net.forward(batch), labels);  // keeps only the checkpoints
  * loss.backward();                                    // recomputes each segment from its entry
  * @endcode
  *
@@ -119,9 +119,9 @@ class checkpointed_graph {
 
  private:
   struct group {
-    vertex exit;                   // a checkpoint or the output
-    std::vector<vertex> inside;    // recomputed vertices, topological order
-    std::vector<vertex> entries;   // kept vertices (or the input) the group reads
+    vertex exit;                  // a checkpoint or the output
+    std::vector<vertex> inside;   // recomputed vertices, topological order
+    std::vector<vertex> entries;  // kept vertices (or the input) the group reads
   };
   friend struct detail::checkpoint_function;
 

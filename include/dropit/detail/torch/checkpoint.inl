@@ -95,10 +95,10 @@ inline std::vector<std::size_t> last_uses(const std::vector<std::vector<std::siz
 }
 
 /// Computes vertex v from `values` and drops the inputs v is the last reader of.
-inline void compute_vertex(std::size_t v, const std::vector<std::vector<std::size_t>>& inputs,
-                           const std::vector<std::function<at::Tensor(
-                               const std::vector<at::Tensor>&)>>& ops,
-                           const std::vector<std::size_t>& last, std::vector<at::Tensor>& values) {
+inline void compute_vertex(
+    std::size_t v, const std::vector<std::vector<std::size_t>>& inputs,
+    const std::vector<std::function<at::Tensor(const std::vector<at::Tensor>&)>>& ops,
+    const std::vector<std::size_t>& last, std::vector<at::Tensor>& values) {
   std::vector<at::Tensor> args;
   args.reserve(inputs[v].size());
   for (std::size_t u : inputs[v])
@@ -215,9 +215,8 @@ inline at::Tensor checkpointed_graph::forward(const at::Tensor& x) const {
     entries.reserve(gr.entries.size());
     for (vertex e : gr.entries)
       entries.push_back(kept[e]);
-    kept[gr.exit] =
-        detail::checkpoint_function::apply(at::TensorList(entries), anchor_, this,
-                                          static_cast<std::int64_t>(i));
+    kept[gr.exit] = detail::checkpoint_function::apply(at::TensorList(entries), anchor_, this,
+                                                       static_cast<std::int64_t>(i));
     for (vertex e : gr.entries) {
       if (last[e] == i && e != 0) kept[e].reset();
     }
