@@ -240,3 +240,40 @@ TEST_CASE("checkpointed_graph: bad graphs and checkpoint sets throw dropit::erro
   (void)d;
   CHECK_THROWS_WITH_AS(dangling.plan(x), doctest::Contains("dead_end"), dropit::error);
 }
+
+TEST_CASE("checkpointed_graph::replaying() is true only while measuring or recomputing") {
+  torch::manual_seed(7);
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(1, 4, 3).padding(1));
+  torch::nn::BatchNorm2d bn_plain(4), bn_planned(4);
+  std::vector<bool> seen;
+  // A batch norm that updates its running statistics in forward only (as the example's does).
+  auto make = [&](torch::nn::BatchNorm2d bn) {
+    dt::checkpointed_graph g;
+    vertex h = g.add("conv", {g.input()}, [&](auto& in) { return conv->forward(in[0]); });
+    h = g.add("bn", {h}, [bn, &seen](auto& in) {
+      seen.push_back(dt::checkpointed_graph::replaying());
+      const bool update = !dt::checkpointed_graph::replaying();
+      const torch::Tensor none;
+      return torch::batch_norm(in[0], bn->weight, bn->bias, update ? bn->running_mean : none,
+                               update ? bn->running_var : none, true, 0.1, 1e-5, false);
+    });
+    h = g.add("relu", {h}, [](auto& in) { return torch::relu(in[0]); });
+    g.add("sum", {h}, [](auto& in) { return in[0].sum(); });
+    return g;
+  };
+  const auto x = torch::randn({3, 1, 8, 8});
+  auto plain = make(bn_plain);
+  plain.forward(x).backward();
+  CHECK(seen == std::vector<bool>{false});
+  seen.clear();
+  auto planned = make(bn_planned);
+  planned.use_checkpoints(x, {});          // everything is recomputed in backward
+  CHECK(seen == std::vector<bool>{true});  // measuring
+  seen.clear();
+  CHECK_FALSE(dt::checkpointed_graph::replaying());
+  planned.forward(x).backward();
+  CHECK_FALSE(dt::checkpointed_graph::replaying());
+  CHECK(seen == std::vector<bool>{false, true});  // forward, recompute
+  CHECK(rel_diff(bn_planned->running_mean, bn_plain->running_mean) == 0.0);
+  CHECK(rel_diff(bn_planned->running_var, bn_plain->running_var) == 0.0);
+}

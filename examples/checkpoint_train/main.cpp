@@ -60,7 +60,7 @@ struct resnet : torch::nn::Module {
     auto conv_bn = [&](const std::string& name, vertex in) {
       const std::size_t l = layer++;
       const vertex cv = g.add(name, {in}, [this, l](auto& x) { return convs[l]->forward(x[0]); });
-      return g.add(name + "_bn", {cv}, [this, l](auto& x) { return bns[l]->forward(x[0]); });
+      return g.add(name + "_bn", {cv}, [this, l](auto& x) { return batch_norm(l, x[0]); });
     };
     auto relu = [&](const std::string& name, vertex in) {
       return g.add(name, {in}, [](auto& x) { return torch::relu(x[0]); });
@@ -78,6 +78,17 @@ struct resnet : torch::nn::Module {
     h = g.add("pool", {h}, [](auto& x) { return x[0].mean({2, 3}); });
     g.add("fc", {h}, [this](auto& x) { return fc->forward(x[0]); });
     return g;
+  }
+
+  /// BatchNorm2d's forward, except that a replay (recomputation in backward, measuring) does not
+  /// update the running statistics (the output is the same: training mode uses batch statistics).
+  torch::Tensor batch_norm(std::size_t l, const torch::Tensor& x) {
+    auto& bn = bns[l];
+    const bool update = !(is_training() && dt::checkpointed_graph::replaying());
+    const torch::Tensor none;
+    return torch::batch_norm(x, bn->weight, bn->bias, update ? bn->running_mean : none,
+                             update ? bn->running_var : none, is_training(),
+                             bn->options.momentum().value(), bn->options.eps(), false);
   }
 
   std::vector<torch::nn::Conv2d> convs;
@@ -102,78 +113,106 @@ double mib(std::size_t b) {
   return static_cast<double>(b) / (1 << 20);
 }
 
-run_result train(bool planned, const options& o, const fmnist::split& tr, const fmnist::split& te,
-                 dt::counting_allocator& counter) {
-  torch::manual_seed(o.seed);
-  auto net = std::make_shared<resnet>(o.width);
-  auto g = net->graph();
-  run_result r;
-  r.mode = planned ? "planned" : "plain";
-  {
-    const auto example = tr.images.slice(0, 0, o.batch);
-    const auto measured = g.measure(example);
-    r.regular_mib = mib(measured.total_cost());
-    if (planned) {
-      const auto& plan = g.plan(example);
-      r.predicted_mib = mib(plan.cost);
-      r.checkpoints = plan.checkpoints.size();
-      std::printf(
-          "plan: %zu checkpoints of %zu tensors, predicted %.1f MiB vs %.1f MiB regular "
-          "(solved in %.2f ms)\n",
-          plan.checkpoints.size(), g.size(), r.predicted_mib, r.regular_mib,
-          plan.solve_seconds * 1e3);
-    } else {
-      r.predicted_mib = r.regular_mib;
-    }
+/// One of the two runs: its model (same initial weights in both), graph, optimizer and numbers.
+struct run {
+  run(bool planned, const options& o, const torch::Tensor& example)
+      : net((torch::manual_seed(o.seed), std::make_shared<resnet>(o.width))),
+        g(net->graph()),
+        opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9)) {
+    r.mode = planned ? "planned" : "plain";
+    r.regular_mib = mib(g.measure(example).total_cost());
+    r.predicted_mib = r.regular_mib;
+    if (!planned) return;
+    const auto& plan = g.plan(example);
+    r.predicted_mib = mib(plan.cost);
+    r.checkpoints = plan.checkpoints.size();
+    std::printf(
+        "plan: %zu checkpoints of %zu tensors, predicted %.1f MiB vs %.1f MiB regular "
+        "(solved in %.2f ms)\n",
+        plan.checkpoints.size(), g.size(), r.predicted_mib, r.regular_mib,
+        plan.solve_seconds * 1e3);
   }
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  const std::int64_t n = tr.images.size(0);
-  double step_seconds = 0;
-  std::size_t timed = 0;
-  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+
+  /// One SGD step on (x, y), measured; returns the loss.
+  double step(const torch::Tensor& x, const torch::Tensor& y, dt::counting_allocator& counter,
+              bool timed) {
     net->train();
+    opt.zero_grad();
+    const std::size_t before = counter.reset_peak();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto loss = torch::nn::functional::cross_entropy(g.forward(x), y);
+    r.held = std::max(r.held, counter.current_bytes() - before);
+    loss.backward();
+    opt.step();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.step_peak = std::max(r.step_peak, counter.peak_bytes() - before);
+    if (timed) {
+      seconds += s;
+      ++r.steps;
+    }
+    return loss.item<double>();
+  }
+
+  void evaluate(const fmnist::split& te) {
+    net->eval();
+    const torch::NoGradGuard no_grad;
+    std::int64_t correct = 0;
+    for (std::int64_t b = 0; b < te.images.size(0); b += 500) {
+      const auto x = te.images.slice(0, b, b + 500), y = te.labels.slice(0, b, b + 500);
+      correct += g.forward(x).argmax(1).eq(y).sum().item<std::int64_t>();
+    }
+    r.accuracy = 100.0 * static_cast<double>(correct) / static_cast<double>(te.images.size(0));
+    r.step_ms = r.steps ? 1e3 * seconds / static_cast<double>(r.steps) : 0.0;
+  }
+
+  std::shared_ptr<resnet> net;
+  dt::checkpointed_graph g;
+  torch::optim::SGD opt;
+  run_result r;
+  double seconds = 0;
+};
+
+/// Trains both runs in lockstep (the same batches, one step of each in turn), so that a shared,
+/// noisy machine slows both alike.
+std::vector<run_result> train(const options& o, const fmnist::split& tr, const fmnist::split& te,
+                              dt::counting_allocator& counter) {
+  const auto example = tr.images.slice(0, 0, o.batch);
+  run plain(false, o, example), planned(true, o, example);
+  torch::manual_seed(o.seed + 1);
+  const std::int64_t n = tr.images.size(0);
+  const auto started = std::chrono::steady_clock::now();
+  for (int epoch = 0; epoch < o.epochs; ++epoch) {
     const auto perm = torch::randperm(n, torch::kLong);
-    double loss_sum = 0;
+    double loss_sum[2] = {0, 0};
     std::int64_t seen = 0;
     for (std::int64_t b = 0; b + o.batch <= n; b += o.batch) {
       const auto idx = perm.slice(0, b, b + o.batch);
       const auto x = tr.images.index_select(0, idx), y = tr.labels.index_select(0, idx);
-      opt.zero_grad();
-      const std::size_t before = counter.reset_peak();
-      const auto t0 = std::chrono::steady_clock::now();
-      auto loss = torch::nn::functional::cross_entropy(g.forward(x), y);
-      r.held = std::max(r.held, counter.current_bytes() - before);
-      loss.backward();
-      opt.step();
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      r.step_peak = std::max(r.step_peak, counter.peak_bytes() - before);
-      if (b > 0 || epoch > 0) {  // the first step warms up allocators and oneDNN
-        step_seconds += s;
-        ++timed;
+      const bool timed = b > 0 || epoch > 0;  // the first step warms up allocators and oneDNN
+      // Alternate which run goes first, so neither always follows the other's memory traffic.
+      if ((b / o.batch) % 2 == 0) {
+        loss_sum[0] += plain.step(x, y, counter, timed);
+        loss_sum[1] += planned.step(x, y, counter, timed);
+      } else {
+        loss_sum[1] += planned.step(x, y, counter, timed);
+        loss_sum[0] += plain.step(x, y, counter, timed);
       }
-      loss_sum += loss.item<double>() * static_cast<double>(o.batch);
       seen += o.batch;
-      ++r.steps;
-      if ((b / o.batch) % 10 == 0 || b + 2 * o.batch > n) {
-        std::printf("\r  %-7s epoch %d  %6lld/%lld  loss %.4f  %.0f samples/s", r.mode.c_str(),
-                    epoch + 1, static_cast<long long>(seen), static_cast<long long>(n),
-                    loss_sum / static_cast<double>(seen),
-                    timed ? static_cast<double>(timed * o.batch) / step_seconds : 0.0);
-        std::fflush(stdout);
-      }
+      const double batches = static_cast<double>(seen / o.batch);
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      std::printf(
+          "\r  epoch %d  %6lld/%lld  loss plain %.4f planned %.4f  %.0f samples/s (both "
+          "runs)   ",
+          epoch + 1, static_cast<long long>(seen), static_cast<long long>(n), loss_sum[0] / batches,
+          loss_sum[1] / batches, 2.0 * static_cast<double>(seen + epoch * n) / elapsed);
+      std::fflush(stdout);
     }
     std::printf("\n");
   }
-  r.step_ms = timed ? 1e3 * step_seconds / static_cast<double>(timed) : 0.0;
-  net->eval();
-  const torch::NoGradGuard no_grad;
-  std::int64_t correct = 0;
-  for (std::int64_t b = 0; b < te.images.size(0); b += 500) {
-    const auto x = te.images.slice(0, b, b + 500), y = te.labels.slice(0, b, b + 500);
-    correct += g.forward(x).argmax(1).eq(y).sum().item<std::int64_t>();
-  }
-  r.accuracy = 100.0 * static_cast<double>(correct) / static_cast<double>(te.images.size(0));
-  return r;
+  plain.evaluate(te);
+  planned.evaluate(te);
+  return {plain.r, planned.r};
 }
 
 options parse(int argc, char** argv) {
@@ -241,9 +280,7 @@ int main(int argc, char** argv) {
       "epoch(s), %lld threads\n",
       static_cast<long long>(o.width), static_cast<long long>(tr.images.size(0)),
       static_cast<long long>(o.batch), o.epochs, static_cast<long long>(o.threads));
-  std::vector<run_result> runs;
-  runs.push_back(train(false, o, tr, te, counter));
-  runs.push_back(train(true, o, tr, te, counter));
+  const std::vector<run_result> runs = train(o, tr, te, counter);
 
   const auto& base = runs[0];
   std::printf(

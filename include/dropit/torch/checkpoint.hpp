@@ -17,8 +17,9 @@
  *
  * Gradients equal those of the plain run (the same operations run again on the same inputs).
  * Operations must be deterministic functions of their inputs and parameters: a dropout would draw
- * a new mask when recomputed, and a training-mode BatchNorm updates its running statistics once
- * more per recomputation (its output, and so every gradient, is unchanged).
+ * a new mask when recomputed. A training-mode BatchNorm module would update its running
+ * statistics once more per recomputation (its output, and so every gradient, is unchanged); an
+ * operation can skip such side effects while `checkpointed_graph::replaying()` is true.
  */
 #pragma once
 
@@ -117,6 +118,14 @@ class checkpointed_graph {
   /** @brief The plain run, whatever the plan. */
   at::Tensor forward_plain(const at::Tensor& x) const;
 
+  /**
+   * @brief True while this thread runs the operations a second time: recomputing a group in
+   * backward, or measuring (`measure`, `plan`, `use_checkpoints`). An operation with a side effect
+   * that must happen once per step reads it, e.g. a training-mode batch norm that updates its
+   * running statistics only in the step's forward (see `examples/checkpoint_train`).
+   */
+  [[nodiscard]] static bool replaying() noexcept { return replaying_flag(); }
+
  private:
   struct group {
     vertex exit;                  // a checkpoint or the output
@@ -125,6 +134,10 @@ class checkpointed_graph {
   };
   friend struct detail::checkpoint_function;
 
+  static bool& replaying_flag() noexcept {
+    thread_local bool flag = false;
+    return flag;
+  }
   void make_groups();
   at::Tensor run_group(const group& gr, const std::vector<at::Tensor>& entries) const;
 

@@ -12,6 +12,19 @@
 namespace dropit::torch {
 namespace detail {
 
+/// Sets a flag for its lifetime and restores it after.
+class replay_guard {
+ public:
+  explicit replay_guard(bool& flag) noexcept : flag_(flag), was_(std::exchange(flag, true)) {}
+  ~replay_guard() { flag_ = was_; }
+  replay_guard(const replay_guard&) = delete;
+  replay_guard& operator=(const replay_guard&) = delete;
+
+ private:
+  bool& flag_;
+  bool was_;
+};
+
 /// One checkpoint (or the output) and the vertices recomputed for it: forward computes the group
 /// without autograd and saves only its entries; backward recomputes it with autograd and
 /// back-propagates through the recomputation (a reentrant backward).
@@ -42,6 +55,7 @@ struct checkpoint_function : ::torch::autograd::Function<checkpoint_function> {
     at::Tensor y;
     {
       const at::AutoGradMode enable(true);
+      const replay_guard replaying(checkpointed_graph::replaying_flag());
       y = g->run_group(gr, entries);
     }
     if (y.requires_grad()) ::torch::autograd::backward({y}, {grads[0]});
@@ -113,6 +127,7 @@ inline void compute_vertex(
 inline checkpoint::graph checkpointed_graph::measure(const at::Tensor& example) const {
   DROPIT_EXPECTS(size() > 1, "checkpointed_graph::measure: the graph has no operation");
   const at::NoGradGuard no_grad;
+  const detail::replay_guard replaying(replaying_flag());
   const auto last = detail::last_uses(inputs_);
   std::vector<at::Tensor> values(size());
   values[0] = example;
