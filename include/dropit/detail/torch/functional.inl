@@ -1,0 +1,517 @@
+// Implementation of dropit::torch's functional API (torch/functional.hpp): the autograd functions.
+#pragma once
+
+#include <dropit/detail/torch/kernels.hpp>
+#include <dropit/detail/torch/saved.hpp>
+
+#include <ATen/Dispatch.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <string>
+#include <vector>
+
+namespace dropit::torch {
+namespace detail {
+
+using ::torch::autograd::AutogradContext;
+using ::torch::autograd::variable_list;
+
+/// Whether to run dropit's function: a policy, grad mode on, and a gradient to compute.
+[[nodiscard]] inline bool wants_cache(const policy& p, const at::Tensor& x, const at::Tensor& w) {
+  return p.active() && ::torch::autograd::GradMode::is_enabled() &&
+         (w.requires_grad() || x.requires_grad());
+}
+
+/// Saves the weight and, when the weight needs a gradient, x packed (else an undefined tensor:
+/// the input gradient of these layers does not read x).
+inline void save_input(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                       const policy& p) {
+  p.validate();
+  at::Tensor packed = w.requires_grad() ? save_packed(x, p) : at::Tensor();
+  ctx->save_for_backward({w, packed});
+  ctx->saved_data["x_sizes"] = x.sizes();
+}
+
+/// How many of `count` slices of `slice_bytes` each fit in one piece (at least 1).
+[[nodiscard]] inline std::int64_t slices_per_piece(std::int64_t count, std::size_t slice_bytes) {
+  const std::size_t piece = chunk_bytes();
+  if (piece == 0 || slice_bytes == 0) return std::max<std::int64_t>(count, 1);
+  return std::clamp<std::int64_t>(static_cast<std::int64_t>(piece / slice_bytes), 1,
+                                  std::max<std::int64_t>(count, 1));
+}
+
+/// The weight gradient of a matmul layer, g2 [rows, out] against the packed input [rows, in],
+/// accumulated over pieces of rows so the rebuilt input never exists whole:
+/// `transposed` false gives g2^T x ([out, in], Linear), true gives x^T g2 ([in, out], Conv1D).
+[[nodiscard]] inline at::Tensor matmul_weight_grad(const at::Tensor& packed, const at::Tensor& g2,
+                                                   std::int64_t in, bool transposed,
+                                                   const at::Tensor& w) {
+  const std::int64_t rows = g2.size(0);
+  if (rows == 0) return at::zeros_like(w);
+  const std::int64_t step =
+      slices_per_piece(rows, static_cast<std::size_t>(in) * g2.element_size());
+  at::Tensor gw;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += step) {
+    const std::int64_t len = std::min(step, rows - r0);
+    const at::Tensor x = restore_packed(packed, {len, in}, static_cast<std::size_t>(r0 * in));
+    const at::Tensor g = g2.narrow(0, r0, len);
+    const at::Tensor a = transposed ? x.t() : g.t();
+    const at::Tensor b = transposed ? g : x;
+    if (gw.defined()) {
+      gw.addmm_(a, b);
+    } else {
+      gw = a.mm(b);
+    }
+  }
+  return gw;
+}
+
+/// x2 [rows, in] times w (or w^T) plus b, written into a new tensor of `out_sizes` that is not a
+/// view (so later in-place ops on it, e.g. relu_, are fine with autograd).
+[[nodiscard]] inline at::Tensor matmul_into_new(const at::Tensor& x2, const at::Tensor& w2,
+                                                const c10::optional<at::Tensor>& b,
+                                                const std::vector<std::int64_t>& out_sizes) {
+  at::Tensor y = at::empty(out_sizes, x2.options());
+  at::Tensor y2 = y.view({x2.size(0), w2.size(1)});
+  if (b.has_value()) {
+    at::addmm_out(y2, *b, x2, w2);
+  } else {
+    at::mm_out(y2, x2, w2);
+  }
+  return y;
+}
+
+struct linear_fn : ::torch::autograd::Function<linear_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const c10::optional<at::Tensor>& b, const policy& p) {
+    std::vector<std::int64_t> out_sizes = x.sizes().vec();
+    out_sizes.back() = w.size(0);
+    at::Tensor y = x.dim() == 2 ? at::linear(x, w, b)
+                                : matmul_into_new(x.reshape({-1, w.size(1)}), w.t(), b, out_sizes);
+    save_input(ctx, x, w, p);
+    ctx->saved_data["has_bias"] = b.has_value();
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& w = saved[0];
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const std::int64_t out = w.size(0), in = w.size(1);
+    const at::Tensor g2 = grads[0].reshape({-1, out});
+    at::Tensor gx, gw, gb;
+    // Weight first: its rebuilt input pieces are freed before the input gradient is allocated.
+    if (ctx->needs_input_grad(1)) gw = matmul_weight_grad(saved[1], g2, in, false, w);
+    if (has_bias && ctx->needs_input_grad(2)) gb = g2.sum(0);
+    if (ctx->needs_input_grad(0)) gx = grads[0].matmul(w);
+    return {gx, gw, gb, at::Tensor()};
+  }
+};
+
+struct gpt2_conv1d_fn : ::torch::autograd::Function<gpt2_conv1d_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const c10::optional<at::Tensor>& b, const policy& p) {
+    const std::int64_t nx = w.size(0), nf = w.size(1);
+    std::vector<std::int64_t> out_sizes = x.sizes().vec();
+    out_sizes.back() = nf;
+    at::Tensor y = matmul_into_new(x.reshape({-1, nx}), w, b, out_sizes);
+    save_input(ctx, x, w, p);
+    ctx->saved_data["has_bias"] = b.has_value();
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& w = saved[0];
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const std::int64_t nx = w.size(0), nf = w.size(1);
+    const at::Tensor g2 = grads[0].reshape({-1, nf});
+    at::Tensor gx, gw, gb;
+    if (ctx->needs_input_grad(1)) gw = matmul_weight_grad(saved[1], g2, nx, true, w);
+    if (has_bias && ctx->needs_input_grad(2)) gb = g2.sum(0);
+    if (ctx->needs_input_grad(0)) {
+      gx = g2.mm(w.t()).view(ctx->saved_data["x_sizes"].toIntVector());
+    }
+    return {gx, gw, gb, at::Tensor()};
+  }
+};
+
+/// One side of a convolution's output size.
+[[nodiscard]] inline std::int64_t conv_output_size(std::int64_t in, std::int64_t k,
+                                                   std::int64_t pad, std::int64_t stride,
+                                                   std::int64_t dilation) noexcept {
+  return (in + 2 * pad - dilation * (k - 1) - 1) / stride + 1;
+}
+
+/// conv2d on a 4-d input, in pieces of samples when its output is larger than a piece (LibTorch's
+/// oneDNN path computes into a scratch buffer and copies it out: pieces bound that buffer).
+[[nodiscard]] inline at::Tensor conv2d_in_pieces(const at::Tensor& x, const at::Tensor& w,
+                                                 const c10::optional<at::Tensor>& b,
+                                                 const conv2d_params& c) {
+  const std::int64_t n = x.size(0);
+  const std::int64_t oh =
+      conv_output_size(x.size(2), w.size(2), c.padding[0], c.stride[0], c.dilation[0]);
+  const std::int64_t ow =
+      conv_output_size(x.size(3), w.size(3), c.padding[1], c.stride[1], c.dilation[1]);
+  const std::size_t sample_bytes =
+      static_cast<std::size_t>(std::max<std::int64_t>(w.size(0) * oh * ow, 0)) * x.element_size();
+  const std::int64_t step = slices_per_piece(n, sample_bytes);
+  if (step >= n) return at::conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+  at::Tensor y;
+  for (std::int64_t s0 = 0; s0 < n; s0 += step) {
+    const std::int64_t len = std::min(step, n - s0);
+    const at::Tensor part =
+        at::conv2d(x.narrow(0, s0, len), w, b, c.stride, c.padding, c.dilation, c.groups);
+    if (!y.defined()) {
+      std::vector<std::int64_t> sizes = part.sizes().vec();
+      sizes[0] = n;
+      y = at::empty(sizes, part.options().memory_format(part.suggest_memory_format()));
+    }
+    y.narrow(0, s0, len).copy_(part);
+  }
+  return y;
+}
+
+struct conv2d_fn : ::torch::autograd::Function<conv2d_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const c10::optional<at::Tensor>& b, const conv2d_params& c,
+                            const policy& p) {
+    at::Tensor y = conv2d_in_pieces(x, w, b, c);
+    save_input(ctx, x, w, p);
+    ctx->saved_data["has_bias"] = b.has_value();
+    ctx->saved_data["stride"] = at::IntArrayRef(c.stride);
+    ctx->saved_data["padding"] = at::IntArrayRef(c.padding);
+    ctx->saved_data["dilation"] = at::IntArrayRef(c.dilation);
+    ctx->saved_data["groups"] = c.groups;
+    return y;
+  }
+
+  // Both gradients in pieces of samples: each piece rebuilds its part of the input, LibTorch's
+  // convolution_backward computes that piece's weight gradient (accumulated) and input gradient.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& w = saved[0];
+    const at::Tensor& packed = saved[1];
+    const at::Tensor& g = grads[0];
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const bool need_x = ctx->needs_input_grad(0);
+    const bool need_w = ctx->needs_input_grad(1);
+    const std::vector<std::int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
+    const std::vector<std::int64_t> stride = ctx->saved_data["stride"].toIntVector();
+    const std::vector<std::int64_t> padding = ctx->saved_data["padding"].toIntVector();
+    const std::vector<std::int64_t> dilation = ctx->saved_data["dilation"].toIntVector();
+    const std::int64_t groups = ctx->saved_data["groups"].toInt();
+    const std::int64_t n = x_sizes[0];
+    const std::int64_t per_sample = x_sizes[1] * x_sizes[2] * x_sizes[3];
+    at::Tensor gx, gw, gb;
+    if (has_bias && ctx->needs_input_grad(2)) gb = g.sum({0, 2, 3});
+    if (!need_x && !need_w) return {gx, gw, gb, at::Tensor(), at::Tensor()};
+    // A piece holds its rebuilt input, its output gradient copy and its input gradient.
+    const std::size_t sample_bytes =
+        static_cast<std::size_t>(per_sample) * g.element_size() +
+        static_cast<std::size_t>(g.numel() / std::max<std::int64_t>(n, 1)) * g.element_size();
+    const std::int64_t step = slices_per_piece(n, sample_bytes);
+    for (std::int64_t s0 = 0; s0 < n; s0 += step) {
+      const std::int64_t len = std::min(step, n - s0);
+      std::vector<std::int64_t> sizes = x_sizes;
+      sizes[0] = len;
+      // The input gradient does not read x: without a weight gradient, zeros stand in for it.
+      const at::Tensor x =
+          need_w ? restore_packed(packed, sizes, static_cast<std::size_t>(s0 * per_sample))
+                 : at::zeros(sizes, g.options());
+      auto [px, pw, pb] = at::convolution_backward(len == n ? g : g.narrow(0, s0, len), x, w,
+                                                   c10::nullopt, stride, padding, dilation, false,
+                                                   {0, 0}, groups, {need_x, need_w, false});
+      if (need_w) {
+        if (gw.defined()) {
+          gw.add_(pw);
+        } else {
+          gw = pw;
+        }
+      }
+      if (need_x) {
+        if (len == n) {
+          gx = px;
+        } else {
+          if (!gx.defined()) {
+            gx = at::empty(x_sizes, px.options().memory_format(px.suggest_memory_format()));
+          }
+          gx.narrow(0, s0, len).copy_(px);
+        }
+      }
+    }
+    if (n == 0) {
+      if (need_w) gw = at::zeros_like(w);
+      if (need_x) gx = at::zeros(x_sizes, g.options());
+    }
+    return {gx, gw, gb, at::Tensor(), at::Tensor()};
+  }
+};
+
+/// Records the use count of the gradient its backward receives.
+struct probe_sink_fn : ::torch::autograd::Function<probe_sink_fn> {
+  static std::size_t& seen() {
+    static std::size_t count = 0;
+    return count;
+  }
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x) { return x.clone(); }
+  static variable_list backward(AutogradContext*, variable_list grads) {
+    seen() = grads[0].use_count();
+    return {grads[0]};
+  }
+};
+
+/// Hands the next node a gradient nobody else holds.
+struct probe_source_fn : ::torch::autograd::Function<probe_source_fn> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x) { return x.clone(); }
+  static variable_list backward(AutogradContext*, variable_list grads) {
+    return {grads[0].clone()};
+  }
+};
+
+/**
+ * The use count a gradient has inside a custom Function's backward when only the autograd
+ * engine holds it, measured once on a two-node probe graph (LibTorch's engine and CppNode keep a
+ * fixed number of references). A gradient with exactly this count, no view and an unshared
+ * storage can be overwritten in place, as LibTorch's own AccumulateGrad does with the gradients it
+ * steals; any extra holder (a hook, retain_grad, a view) raises the count and turns this off.
+ */
+[[nodiscard]] inline std::size_t engine_owned_use_count() {
+  static const std::size_t count = [] {
+    ::torch::autograd::AutoGradMode enable(true);
+    const at::Tensor x = at::zeros({4}).requires_grad_(true);
+    probe_source_fn::apply(probe_sink_fn::apply(x)).sum().backward();
+    return probe_sink_fn::seen();
+  }();
+  return count;
+}
+
+/// Whether backward may overwrite the incoming gradient g (read straight from the by-value
+/// gradient list) instead of allocating its result.
+[[nodiscard]] inline bool engine_owns(const at::Tensor& g) {
+  return g.defined() && !g.requires_grad() && !g.is_view() &&
+         g.use_count() == engine_owned_use_count() && g.storage().use_count() == 1;
+}
+
+struct relu_fn : ::torch::autograd::Function<relu_fn> {
+  // Works on the elements in memory order (any dense layout, channels-last included); the mask
+  // follows that order, and the output and gradient keep x's strides.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
+    const at::Tensor xc = x.is_non_overlapping_and_dense() ? x : x.contiguous();
+    at::Tensor y = at::empty_like(xc);
+    const std::int64_t n = xc.numel();
+    at::Tensor mask = make_mask((n + 31) / 32);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "dropit_relu", [&] {
+      relu_mask_forward(xc.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
+                        reinterpret_cast<std::uint32_t*>(mask.data_ptr()), n);
+    });
+    ctx->save_for_backward({mask});
+    ctx->saved_data["sizes"] = xc.sizes();
+    ctx->saved_data["strides"] = xc.strides();
+    return y;
+  }
+
+  // The result overwrites the incoming gradient when the engine alone holds it (see
+  // engine_owns): no second tensor of x's size at the peak of backward.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor mask = ctx->get_saved_variables()[0];
+    const std::vector<std::int64_t> strides = ctx->saved_data["strides"].toIntVector();
+    const bool in_place = grads[0].strides() == at::IntArrayRef(strides) && engine_owns(grads[0]);
+    at::Tensor g = grads[0];
+    if (in_place) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(
+          at::kBFloat16, at::kHalf, g.scalar_type(), "dropit_relu_bw_", [&] {
+            relu_mask_backward(g.data_ptr<scalar_t>(),
+                               reinterpret_cast<const std::uint32_t*>(mask.data_ptr()),
+                               g.data_ptr<scalar_t>(), g.numel());
+          });
+      return {g};
+    }
+    if (g.strides() != at::IntArrayRef(strides)) {
+      at::Tensor laid =
+          at::empty_strided(ctx->saved_data["sizes"].toIntVector(), strides, g.options());
+      laid.copy_(g);
+      g = laid;
+    }
+    at::Tensor gx = at::empty_like(g);
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kBFloat16, at::kHalf, g.scalar_type(), "dropit_relu_bw", [&] {
+          relu_mask_backward(g.data_ptr<scalar_t>(),
+                             reinterpret_cast<const std::uint32_t*>(mask.data_ptr()),
+                             gx.data_ptr<scalar_t>(), g.numel());
+        });
+    return {gx};
+  }
+};
+
+/// In-place mask ReLU: x is overwritten with relu(x) (x must be dense, as LibTorch's relu_ allows
+/// it only where autograd does).
+struct relu_inplace_fn : ::torch::autograd::Function<relu_inplace_fn> {
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x) {
+    const std::int64_t n = x.numel();
+    at::Tensor mask = make_mask((n + 31) / 32);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "dropit_relu_", [&] {
+      relu_mask_forward(x.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+                        reinterpret_cast<std::uint32_t*>(mask.data_ptr()), n);
+    });
+    ctx->mark_dirty({x});
+    ctx->save_for_backward({mask});
+    ctx->saved_data["sizes"] = x.sizes();
+    ctx->saved_data["strides"] = x.strides();
+    return x;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return relu_fn::backward(ctx, std::move(grads));
+  }
+};
+
+/// Checks the window and computes the geometry of pooling x.
+[[nodiscard]] inline pool_geometry pool_geometry_of(const at::Tensor& x,
+                                                    const max_pool2d_params& p) {
+  DROPIT_EXPECTS(x.dim() == 3 || x.dim() == 4, "torch::max_pool2d: input must be 3-d or 4-d, got ",
+                 x.dim(), "-d");
+  pool_geometry g{};
+  g.kh = p.kernel[0];
+  g.kw = p.kernel[1];
+  g.sh = p.stride[0] == 0 ? g.kh : p.stride[0];
+  g.sw = p.stride[1] == 0 ? g.kw : p.stride[1];
+  g.ph = p.padding[0];
+  g.pw = p.padding[1];
+  g.dh = p.dilation[0];
+  g.dw = p.dilation[1];
+  DROPIT_EXPECTS(g.kh > 0 && g.kw > 0, "torch::max_pool2d: kernel must be positive, got ", g.kh,
+                 "x", g.kw);
+  DROPIT_EXPECTS(g.sh > 0 && g.sw > 0, "torch::max_pool2d: stride must be positive, got ", g.sh,
+                 "x", g.sw);
+  DROPIT_EXPECTS(g.dh > 0 && g.dw > 0, "torch::max_pool2d: dilation must be positive, got ", g.dh,
+                 "x", g.dw);
+  DROPIT_EXPECTS(g.ph >= 0 && g.pw >= 0 && g.ph <= g.kh / 2 && g.pw <= g.kw / 2,
+                 "torch::max_pool2d: padding must be in [0, kernel / 2], got ", g.ph, "x", g.pw);
+  g.h = x.size(-2);
+  g.w = x.size(-1);
+  g.planes = g.h * g.w == 0 ? 0 : x.numel() / (g.h * g.w);
+  g.oh = pool_output_size(g.h, g.kh, g.ph, g.sh, g.dh, p.ceil_mode);
+  g.ow = pool_output_size(g.w, g.kw, g.pw, g.sw, g.dw, p.ceil_mode);
+  DROPIT_EXPECTS(g.oh >= 1 && g.ow >= 1, "torch::max_pool2d: output size ", g.oh, "x", g.ow,
+                 " is too small (input ", g.h, "x", g.w, ")");
+  g.bits = code_bits(g.kh * g.kw);
+  return g;
+}
+
+struct max_pool2d_fn : ::torch::autograd::Function<max_pool2d_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const max_pool2d_params& p) {
+    const pool_geometry g = pool_geometry_of(x, p);
+    const at::Tensor xc = x.contiguous();
+    std::vector<std::int64_t> out_sizes = x.sizes().vec();
+    out_sizes[out_sizes.size() - 2] = g.oh;
+    out_sizes.back() = g.ow;
+    at::Tensor y = at::empty(out_sizes, xc.options());
+    at::Tensor codes = make_mask(g.code_words());
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kBFloat16, at::kHalf, xc.scalar_type(), "dropit_max_pool2d", [&] {
+          max_pool_mask_forward(xc.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
+                                reinterpret_cast<std::uint32_t*>(codes.data_ptr()), g);
+        });
+    ctx->save_for_backward({codes});
+    ctx->saved_data["x_sizes"] = x.sizes();
+    ctx->saved_data["geometry"] = std::vector<std::int64_t>{
+        g.planes, g.h, g.w, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.bits};
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor codes = ctx->get_saved_variables()[0];
+    const std::vector<std::int64_t> v = ctx->saved_data["geometry"].toIntVector();
+    const pool_geometry g{v[0], v[1], v[2], v[3],  v[4],  v[5],  v[6],
+                          v[7], v[8], v[9], v[10], v[11], v[12], static_cast<int>(v[13])};
+    const at::Tensor gy = grads[0].contiguous();
+    at::Tensor gx = at::empty(ctx->saved_data["x_sizes"].toIntVector(), gy.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kBFloat16, at::kHalf, gy.scalar_type(), "dropit_max_pool2d_bw", [&] {
+          max_pool_mask_backward(gy.data_ptr<scalar_t>(),
+                                 reinterpret_cast<const std::uint32_t*>(codes.data_ptr()),
+                                 gx.data_ptr<scalar_t>(), g);
+        });
+    return {gx, at::Tensor()};
+  }
+};
+
+/// Throws unless x is a CPU strided tensor (the mask kernels' precondition).
+inline void check_mask_op(const at::Tensor& x, const char* who) {
+  check_packable(x, who);
+}
+
+}  // namespace detail
+
+inline at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
+                         const c10::optional<at::Tensor>& bias, const policy& p) {
+  if (!detail::wants_cache(p, x, weight)) return at::linear(x, weight, bias);
+  return detail::linear_fn::apply(x, weight, bias, p);
+}
+
+inline at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight,
+                         const c10::optional<at::Tensor>& bias, const conv2d_params& params,
+                         const policy& p) {
+  if (!detail::wants_cache(p, x, weight)) {
+    return at::conv2d(x, weight, bias, params.stride, params.padding, params.dilation,
+                      params.groups);
+  }
+  if (x.dim() == 3) {  // unbatched [C, H, W], as LibTorch accepts
+    return detail::conv2d_fn::apply(x.unsqueeze(0), weight, bias, params, p).squeeze(0);
+  }
+  DROPIT_EXPECTS(x.dim() == 4, "torch::conv2d: input must be 3-d or 4-d, got ", x.dim(), "-d");
+  return detail::conv2d_fn::apply(x, weight, bias, params, p);
+}
+
+inline at::Tensor gpt2_conv1d(const at::Tensor& x, const at::Tensor& weight,
+                              const c10::optional<at::Tensor>& bias, const policy& p) {
+  DROPIT_EXPECTS(weight.dim() == 2, "torch::gpt2_conv1d: weight must be [nx, nf], got ",
+                 weight.dim(), "-d");
+  DROPIT_EXPECTS(x.dim() >= 1 && x.size(-1) == weight.size(0),
+                 "torch::gpt2_conv1d: input's last "
+                 "dimension must be nx = ",
+                 weight.size(0));
+  if (!detail::wants_cache(p, x, weight)) {
+    std::vector<std::int64_t> out_sizes = x.sizes().vec();
+    out_sizes.back() = weight.size(1);
+    const at::Tensor x2 = x.reshape({-1, weight.size(0)});
+    return (bias.has_value() ? at::addmm(*bias, x2, weight) : x2.mm(weight)).view(out_sizes);
+  }
+  return detail::gpt2_conv1d_fn::apply(x, weight, bias, p);
+}
+
+inline at::Tensor relu(const at::Tensor& x) {
+  if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad()) return at::relu(x);
+  detail::check_mask_op(x, "relu");
+  (void)detail::engine_owned_use_count();
+  return detail::relu_fn::apply(x);
+}
+
+inline at::Tensor relu_(at::Tensor& x) {
+  if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad() ||
+      !x.is_non_overlapping_and_dense()) {
+    if (::torch::autograd::GradMode::is_enabled() && x.requires_grad()) {
+      x = dropit::torch::relu(x);  // a strided view: out of place
+      return x;
+    }
+    return at::relu_(x);
+  }
+  detail::check_mask_op(x, "relu_");
+  (void)detail::engine_owned_use_count();
+  return detail::relu_inplace_fn::apply(x);
+}
+
+inline at::Tensor max_pool2d(const at::Tensor& x, const max_pool2d_params& params) {
+  if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad()) {
+    const auto& k = params.kernel;
+    const std::array<std::int64_t, 2> s{params.stride[0] == 0 ? k[0] : params.stride[0],
+                                        params.stride[1] == 0 ? k[1] : params.stride[1]};
+    return at::max_pool2d(x, k, s, params.padding, params.dilation, params.ceil_mode);
+  }
+  detail::check_mask_op(x, "max_pool2d");
+  return detail::max_pool2d_fn::apply(x, params);
+}
+
+}  // namespace dropit::torch

@@ -1,0 +1,245 @@
+/**
+ * @file kernels.hpp
+ * @brief CPU kernels of the mask-saving ops: ReLU with a 1-bit mask, max pooling with the
+ * window-relative position of each maximum in a few bits. Masks use the packed format's bitmask
+ * convention: bit j of 32-bit word w describes element 32 w + j.
+ *
+ * The loops are branch-free (a select is a bitwise AND with an all-ones or all-zeros word), so
+ * they run at memory speed whatever the sign pattern of the data, without -march flags.
+ */
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+namespace dropit::torch::detail {
+
+/// Arithmetic type of a LibTorch element type: double for double, float otherwise.
+template <class T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+/// The unsigned integer as wide as T.
+template <class T>
+using bits_t = std::conditional_t<sizeof(T) == 8, std::uint64_t,
+                                  std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>>;
+
+/// v where keep is 1, +0 where it is 0 (branch-free).
+template <class T>
+inline T keep_or_zero(T v, std::uint32_t keep) noexcept {
+  bits_t<T> b;
+  std::memcpy(&b, &v, sizeof b);
+  b = static_cast<bits_t<T>>(b & (bits_t<T>{0} - static_cast<bits_t<T>>(keep)));
+  T out;
+  std::memcpy(&out, &b, sizeof b);
+  return out;
+}
+
+/// Words per parallel task of the mask kernels (32 Ki elements).
+inline constexpr std::int64_t mask_grain_words = 1024;
+
+/// y = relu(x) and the mask !(x <= 0) (x > 0, or NaN: where LibTorch passes the gradient).
+template <class T>
+void relu_mask_forward(const T* x, T* y, std::uint32_t* words, std::int64_t n) {
+  const std::int64_t nw = (n + 31) / 32;
+  at::parallel_for(0, nw, mask_grain_words, [&](std::int64_t w0, std::int64_t w1) {
+    for (std::int64_t w = w0; w < w1; ++w) {
+      const std::int64_t base = w * 32;
+      const int count = static_cast<int>(std::min<std::int64_t>(32, n - base));
+      const T* xs = x + base;
+      T* ys = y + base;
+      std::uint32_t m = 0;
+      for (int j = 0; j < count; ++j) {
+        const std::uint32_t pass = !(static_cast<acc_t<T>>(xs[j]) <= acc_t<T>(0));
+        ys[j] = keep_or_zero(xs[j], pass);
+        m |= pass << j;
+      }
+      words[w] = m;
+    }
+  });
+}
+
+/// gx = g where the mask is set, 0 elsewhere.
+template <class T>
+void relu_mask_backward(const T* g, const std::uint32_t* words, T* gx, std::int64_t n) {
+  const std::int64_t nw = (n + 31) / 32;
+  at::parallel_for(0, nw, mask_grain_words, [&](std::int64_t w0, std::int64_t w1) {
+    for (std::int64_t w = w0; w < w1; ++w) {
+      const std::int64_t base = w * 32;
+      const int count = static_cast<int>(std::min<std::int64_t>(32, n - base));
+      const std::uint32_t m = words[w];
+      for (int j = 0; j < count; ++j)
+        gx[base + j] = keep_or_zero(g[base + j], m >> j & 1u);
+    }
+  });
+}
+
+/**
+ * The geometry of one 2-d max pooling over `planes` contiguous h x w planes. Each plane's codes
+ * start on a word boundary (so planes are independent tasks): `plane_words` words per plane.
+ */
+struct pool_geometry {
+  std::int64_t planes, h, w, oh, ow;  ///< input planes (N * C), input and output sizes
+  std::int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+  int bits;  ///< bits per output code: a power of two >= bit_width(kh * kw - 1)
+
+  [[nodiscard]] std::int64_t plane_words() const noexcept { return (oh * ow * bits + 31) / 32; }
+  [[nodiscard]] std::int64_t code_words() const noexcept { return planes * plane_words(); }
+  /// The 2x2, stride 2, unpadded, undilated window (the fast path).
+  [[nodiscard]] bool is_2x2() const noexcept {
+    return kh == 2 && kw == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0 && dh == 1 && dw == 1;
+  }
+};
+
+/// Bits per code for a window of `cells` positions: 1, 2, 4, 8, 16 or 32.
+[[nodiscard]] inline int code_bits(std::int64_t cells) noexcept {
+  const int need =
+      cells <= 1 ? 1 : static_cast<int>(std::bit_width(static_cast<std::uint64_t>(cells - 1)));
+  return static_cast<int>(std::bit_ceil(static_cast<unsigned>(need)));
+}
+
+/// LibTorch's pooling output size (pooling_output_shape).
+[[nodiscard]] inline std::int64_t pool_output_size(std::int64_t in, std::int64_t k,
+                                                   std::int64_t pad, std::int64_t stride,
+                                                   std::int64_t dilation, bool ceil_mode) noexcept {
+  const std::int64_t num = in + 2 * pad - dilation * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+  // div_rtn: rounds towards -infinity.
+  std::int64_t out = (num >= 0 ? num / stride : -((-num + stride - 1) / stride)) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+/// Appends `bits`-bit codes to consecutive words.
+class code_writer {
+ public:
+  code_writer(std::uint32_t* out, int bits) noexcept : out_(out), bits_(bits) {}
+  void put(std::uint32_t code) noexcept {
+    word_ |= code << fill_;
+    fill_ += bits_;
+    if (fill_ == 32) flush();
+  }
+  void finish() noexcept {
+    if (fill_ != 0) flush();
+  }
+
+ private:
+  void flush() noexcept {
+    *out_++ = word_;
+    word_ = 0;
+    fill_ = 0;
+  }
+  std::uint32_t* out_;
+  int bits_;
+  std::uint32_t word_ = 0;
+  int fill_ = 0;
+};
+
+/// The maximum of one window and its window-relative position, scanning as LibTorch's CPU kernel
+/// does: row-major, first strict maximum, a NaN always replaces (so the last NaN wins).
+template <class T>
+inline void pool_window(const T* plane, const pool_geometry& g, std::int64_t oy, std::int64_t ox,
+                        T& value, std::uint32_t& code) noexcept {
+  using A = acc_t<T>;
+  const std::int64_t y0 = oy * g.sh - g.ph;
+  const std::int64_t x0 = ox * g.sw - g.pw;
+  std::int64_t ys = y0, xs = x0;
+  while (ys < 0)
+    ys += g.dh;
+  while (xs < 0)
+    xs += g.dw;
+  const std::int64_t ye = std::min(y0 + (g.kh - 1) * g.dh + 1, g.h);
+  const std::int64_t xe = std::min(x0 + (g.kw - 1) * g.dw + 1, g.w);
+  std::int64_t best_y = ys, best_x = xs;
+  A best = -std::numeric_limits<A>::infinity();
+  for (std::int64_t y = ys; y < ye; y += g.dh) {
+    for (std::int64_t x = xs; x < xe; x += g.dw) {
+      const A v = static_cast<A>(plane[y * g.w + x]);
+      if (v > best || std::isnan(v)) {
+        best = v;
+        best_y = y;
+        best_x = x;
+      }
+    }
+  }
+  value = static_cast<T>(best);
+  code = static_cast<std::uint32_t>((best_y - y0) / g.dh * g.kw + (best_x - x0) / g.dw);
+}
+
+/// Pools x (planes x h x w, contiguous) into y and writes each plane's codes.
+template <class T>
+void max_pool_mask_forward(const T* x, T* y, std::uint32_t* codes, const pool_geometry& g) {
+  using A = acc_t<T>;
+  const std::int64_t plane_in = g.h * g.w, plane_out = g.oh * g.ow;
+  at::parallel_for(0, g.planes, 16, [&](std::int64_t p0, std::int64_t p1) {
+    for (std::int64_t p = p0; p < p1; ++p) {
+      const T* in = x + p * plane_in;
+      T* out = y + p * plane_out;
+      code_writer codes_out(codes + p * g.plane_words(), g.bits);
+      if (g.is_2x2()) {
+        for (std::int64_t oy = 0; oy < g.oh; ++oy) {
+          const T* r0 = in + 2 * oy * g.w;
+          const T* r1 = r0 + g.w;
+          for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+            const A c[4] = {static_cast<A>(r0[2 * ox]), static_cast<A>(r0[2 * ox + 1]),
+                            static_cast<A>(r1[2 * ox]), static_cast<A>(r1[2 * ox + 1])};
+            A best = c[0];  // also right when c[0] is -inf: LibTorch keeps index 0 then
+            std::uint32_t code = 0;
+            for (std::uint32_t k = 1; k < 4; ++k) {
+              const bool take = c[k] > best || c[k] != c[k];
+              best = take ? c[k] : best;
+              code = take ? k : code;
+            }
+            out[oy * g.ow + ox] = static_cast<T>(best);
+            codes_out.put(code);
+          }
+        }
+      } else {
+        for (std::int64_t oy = 0; oy < g.oh; ++oy) {
+          for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+            std::uint32_t code = 0;
+            pool_window(in, g, oy, ox, out[oy * g.ow + ox], code);
+            codes_out.put(code);
+          }
+        }
+      }
+      codes_out.finish();
+    }
+  });
+}
+
+/// gx (planes x h x w) receives each output's gradient at its maximum, zeros elsewhere.
+template <class T>
+void max_pool_mask_backward(const T* gy, const std::uint32_t* codes, T* gx,
+                            const pool_geometry& g) {
+  using A = acc_t<T>;
+  const std::int64_t per_word = 32 / g.bits;
+  const std::uint32_t code_mask = g.bits == 32 ? ~0u : (1u << g.bits) - 1u;
+  const std::int64_t plane_in = g.h * g.w, plane_out = g.oh * g.ow;
+  const bool disjoint = g.sh >= (g.kh - 1) * g.dh + 1 && g.sw >= (g.kw - 1) * g.dw + 1;
+  at::parallel_for(0, g.planes, 16, [&](std::int64_t p0, std::int64_t p1) {
+    for (std::int64_t p = p0; p < p1; ++p) {
+      T* plane = gx + p * plane_in;
+      const T* grad = gy + p * plane_out;
+      const std::uint32_t* pc = codes + p * g.plane_words();
+      std::fill(plane, plane + plane_in, T(0));
+      for (std::int64_t r = 0; r < plane_out; ++r) {
+        const std::uint32_t code = pc[r / per_word] >> (r % per_word * g.bits) & code_mask;
+        const std::int64_t oy = r / g.ow;
+        const std::int64_t ox = r - oy * g.ow;
+        const std::int64_t y = oy * g.sh - g.ph + static_cast<std::int64_t>(code) / g.kw * g.dh;
+        const std::int64_t x = ox * g.sw - g.pw + static_cast<std::int64_t>(code) % g.kw * g.dw;
+        T& cell = plane[y * g.w + x];
+        // Disjoint windows touch each cell at most once: a store. Overlapping ones accumulate.
+        cell = disjoint ? grad[r] : static_cast<T>(static_cast<A>(cell) + static_cast<A>(grad[r]));
+      }
+    }
+  });
+}
+
+}  // namespace dropit::torch::detail

@@ -1,0 +1,305 @@
+// Implementation of dropit::torch's modules (torch/modules.hpp).
+#pragma once
+
+#include <dropit/policy.hpp>
+
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/functional/padding.h>
+#include <torch/nn/init.h>
+
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace dropit::torch {
+
+namespace detail {
+/// A distinct salt per layer, in construction order (deterministic for a given program).
+inline std::uint64_t next_layer_salt() noexcept {
+  static std::atomic<std::uint64_t> next{0};
+  return dropit::detail::mix64(next.fetch_add(1, std::memory_order_relaxed) + 1);
+}
+
+/// Copies each parameter of `from` into the same-named parameter of `to` (no grad).
+inline void copy_parameters(const ::torch::nn::Module& from, ::torch::nn::Module& to,
+                            const c10::optional<c10::Device>& device) {
+  ::torch::NoGradGuard no_grad;
+  auto dst = to.named_parameters(/*recurse=*/false);
+  for (const auto& item : from.named_parameters(/*recurse=*/false)) {
+    const at::Tensor& src = item.value();
+    dst[item.key()].set_data(device && src.device() != *device ? src.to(*device) : src.clone());
+  }
+}
+
+/// A torch::nn module's printout without its "torch::nn::" prefix and closing parenthesis.
+inline std::string base_text(std::string s) {
+  if (s.starts_with("torch::nn::")) s.erase(0, 11);
+  if (!s.empty() && s.back() == ')') s.pop_back();
+  return s;
+}
+}  // namespace detail
+
+// ---- layer ---------------------------------------------------------------------------------
+
+inline layer::layer(const policy& p) : salt_(detail::next_layer_salt()) {
+  set_policy(p);
+}
+
+inline void layer::set_policy(const policy& p) {
+  p.validate();
+  policy_ = p;
+}
+
+inline policy layer::step_policy(bool training) {
+  if (excluded_ || !policy_.active() || !training || !::torch::autograd::GradMode::is_enabled()) {
+    return policy{};
+  }
+  policy p = policy_;
+  p.seed = policy_.seed + step_ + salt_;
+  ++step_;
+  return p;
+}
+
+inline void layer::print_policy(std::ostream& out) const {
+  if (excluded_) {
+    out << "excluded";
+    return;
+  }
+  out << "policy=" << to_string(policy_.kind);
+  if (policy_.kind == policy_kind::mink || policy_.kind == policy_kind::random) {
+    out << "(" << policy_.gamma << ")";
+  }
+}
+
+// ---- Linear --------------------------------------------------------------------------------
+
+inline LinearImpl::LinearImpl(std::int64_t in_features, std::int64_t out_features, const policy& p)
+    : LinearImpl(::torch::nn::LinearOptions(in_features, out_features), p) {
+}
+
+inline LinearImpl::LinearImpl(const ::torch::nn::LinearOptions& options, const policy& p)
+    : ::torch::nn::LinearImpl(options), layer(p) {
+}
+
+inline LinearImpl::LinearImpl(const ::torch::nn::LinearImpl& other, const policy& p)
+    // Module is a virtual base: copy it here too, or the parameters would not come along.
+    : ::torch::nn::Module(other), ::torch::nn::LinearImpl(other), layer(p) {
+}
+
+inline at::Tensor LinearImpl::forward(const at::Tensor& input) {
+  const policy p = step_policy(is_training());
+  return dropit::torch::linear(input, weight,
+                               bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, p);
+}
+
+inline std::shared_ptr<::torch::nn::Module> LinearImpl::clone(
+    const c10::optional<c10::Device>& device) const {
+  auto copy = std::make_shared<LinearImpl>(options, get_policy());
+  copy->exclude(excluded());
+  detail::copy_parameters(*this, *copy, device);
+  copy->train(is_training());
+  return copy;
+}
+
+inline void LinearImpl::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::Linear(in_features=" << options.in_features()
+         << ", out_features=" << options.out_features() << ", bias=" << std::boolalpha
+         << options.bias() << ", ";
+  print_policy(stream);
+  stream << ")";
+}
+
+// ---- Conv2d --------------------------------------------------------------------------------
+
+inline Conv2dImpl::Conv2dImpl(const ::torch::nn::Conv2dOptions& options, const policy& p)
+    : ::torch::nn::Conv2dImpl(options), layer(p) {
+}
+
+inline Conv2dImpl::Conv2dImpl(const ::torch::nn::Conv2dImpl& other, const policy& p)
+    // Module is a virtual base: copy it here too, or the parameters would not come along.
+    : ::torch::nn::Module(other), ::torch::nn::Conv2dImpl(other), layer(p) {
+}
+
+inline at::Tensor Conv2dImpl::forward(const at::Tensor& input) {
+  const policy p = step_policy(is_training());
+  if (!p.active()) return ::torch::nn::Conv2dImpl::forward(input);
+  conv2d_params c;
+  c.stride = {(*options.stride())[0], (*options.stride())[1]};
+  c.dilation = {(*options.dilation())[0], (*options.dilation())[1]};
+  c.groups = options.groups();
+  // Padding per side, (height, width): explicit, 'valid', or 'same' (the odd one out on the far
+  // side, as LibTorch does).
+  std::array<std::int64_t, 2> left{0, 0}, right{0, 0};
+  if (const auto* pad = c10::get_if<::torch::ExpandingArray<2>>(&options.padding())) {
+    left = right = {(**pad)[0], (**pad)[1]};
+  } else if (c10::get_if<::torch::enumtype::kSame>(&options.padding()) != nullptr) {
+    for (int i = 0; i < 2; ++i) {
+      const std::int64_t total = c.dilation[i] * ((*options.kernel_size())[i] - 1);
+      left[i] = total / 2;
+      right[i] = total - left[i];
+    }
+  }
+  at::Tensor x = input;
+  if (c10::get_if<::torch::enumtype::kZeros>(&options.padding_mode()) == nullptr) {
+    // Other padding modes pad explicitly, as LibTorch's module does.
+    namespace F = ::torch::nn::functional;
+    F::PadFuncOptions::mode_t mode = ::torch::kCircular;
+    if (c10::get_if<::torch::enumtype::kReflect>(&options.padding_mode())) mode = ::torch::kReflect;
+    if (c10::get_if<::torch::enumtype::kReplicate>(&options.padding_mode())) {
+      mode = ::torch::kReplicate;
+    }
+    x = F::pad(x, F::PadFuncOptions({left[1], right[1], left[0], right[0]}).mode(mode));
+    c.padding = {0, 0};
+  } else {
+    if (left != right) {
+      x = at::constant_pad_nd(x, {0, right[1] - left[1], 0, right[0] - left[0]}, 0);
+    }
+    c.padding = left;
+  }
+  return dropit::torch::conv2d(
+      x, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, c, p);
+}
+
+inline std::shared_ptr<::torch::nn::Module> Conv2dImpl::clone(
+    const c10::optional<c10::Device>& device) const {
+  const auto& o = options;
+  auto copy = std::make_shared<Conv2dImpl>(
+      ::torch::nn::Conv2dOptions(o.in_channels(), o.out_channels(), o.kernel_size())
+          .stride(o.stride())
+          .padding(o.padding())
+          .dilation(o.dilation())
+          .groups(o.groups())
+          .bias(o.bias())
+          .padding_mode(o.padding_mode()),
+      get_policy());
+  copy->exclude(excluded());
+  detail::copy_parameters(*this, *copy, device);
+  copy->train(is_training());
+  return copy;
+}
+
+inline void Conv2dImpl::pretty_print(std::ostream& stream) const {
+  std::ostringstream base;
+  ::torch::nn::Conv2dImpl::pretty_print(base);
+  stream << "dropit::torch::" << detail::base_text(base.str()) << ", ";
+  print_policy(stream);
+  stream << ")";
+}
+
+// ---- Conv1D --------------------------------------------------------------------------------
+
+inline Conv1DImpl::Conv1DImpl(std::int64_t nf, std::int64_t nx, const policy& p)
+    : Conv1DImpl(Conv1DOptions(nf, nx), p) {
+}
+
+inline Conv1DImpl::Conv1DImpl(const Conv1DOptions& options_, const policy& p)
+    : layer(p), options(options_) {
+  reset();
+}
+
+inline void Conv1DImpl::reset() {
+  DROPIT_EXPECTS(options.nf() > 0 && options.nx() > 0,
+                 "torch::Conv1D: nf and nx must be positive, "
+                 "got nf = ",
+                 options.nf(), ", nx = ", options.nx());
+  weight = register_parameter("weight", ::torch::empty({options.nx(), options.nf()}));
+  {
+    ::torch::NoGradGuard no_grad;
+    weight.normal_(0.0, 0.02);
+  }
+  if (options.bias()) {
+    bias = register_parameter("bias", ::torch::zeros({options.nf()}));
+  } else {
+    bias = register_parameter("bias", at::Tensor(), /*requires_grad=*/false);
+  }
+}
+
+inline at::Tensor Conv1DImpl::forward(const at::Tensor& input) {
+  const policy p = step_policy(is_training());
+  return gpt2_conv1d(input, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt,
+                     p);
+}
+
+inline void Conv1DImpl::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::Conv1D(nf=" << options.nf() << ", nx=" << options.nx()
+         << ", bias=" << std::boolalpha << options.bias() << ", ";
+  print_policy(stream);
+  stream << ")";
+}
+
+// ---- ReLU ----------------------------------------------------------------------------------
+
+inline ReLUImpl::ReLUImpl(const ::torch::nn::ReLUOptions& options, const policy& p)
+    : ::torch::nn::ReLUImpl(options), layer(p) {
+}
+
+inline ReLUImpl::ReLUImpl(const ::torch::nn::ReLUImpl& other, const policy& p)
+    // Module is a virtual base: copy it here too, or the parameters would not come along.
+    : ::torch::nn::Module(other), ::torch::nn::ReLUImpl(other), layer(p) {
+}
+
+inline at::Tensor ReLUImpl::forward(const at::Tensor& input) {
+  if (!step_policy(is_training()).active()) return ::torch::nn::ReLUImpl::forward(input);
+  if (options.inplace()) {
+    at::Tensor x = input;
+    return dropit::torch::relu_(x);
+  }
+  return dropit::torch::relu(input);
+}
+
+inline std::shared_ptr<::torch::nn::Module> ReLUImpl::clone(
+    const c10::optional<c10::Device>&) const {
+  auto copy = std::make_shared<ReLUImpl>(options, get_policy());
+  copy->exclude(excluded());
+  copy->train(is_training());
+  return copy;
+}
+
+inline void ReLUImpl::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::ReLU(" << (options.inplace() ? "inplace=true, " : "");
+  print_policy(stream);
+  stream << ")";
+}
+
+// ---- MaxPool2d -----------------------------------------------------------------------------
+
+inline MaxPool2dImpl::MaxPool2dImpl(const ::torch::nn::MaxPool2dOptions& options, const policy& p)
+    : ::torch::nn::MaxPool2dImpl(options), layer(p) {
+}
+
+inline MaxPool2dImpl::MaxPool2dImpl(const ::torch::nn::MaxPool2dImpl& other, const policy& p)
+    // Module is a virtual base: copy it here too, or the parameters would not come along.
+    : ::torch::nn::Module(other), ::torch::nn::MaxPool2dImpl(other), layer(p) {
+}
+
+inline at::Tensor MaxPool2dImpl::forward(const at::Tensor& input) {
+  if (!step_policy(is_training()).active()) return ::torch::nn::MaxPool2dImpl::forward(input);
+  max_pool2d_params m;
+  m.kernel = {(*options.kernel_size())[0], (*options.kernel_size())[1]};
+  m.stride = {(*options.stride())[0], (*options.stride())[1]};
+  m.padding = {(*options.padding())[0], (*options.padding())[1]};
+  m.dilation = {(*options.dilation())[0], (*options.dilation())[1]};
+  m.ceil_mode = options.ceil_mode();
+  return dropit::torch::max_pool2d(input, m);
+}
+
+inline std::shared_ptr<::torch::nn::Module> MaxPool2dImpl::clone(
+    const c10::optional<c10::Device>&) const {
+  auto copy = std::make_shared<MaxPool2dImpl>(options, get_policy());
+  copy->exclude(excluded());
+  copy->train(is_training());
+  return copy;
+}
+
+inline void MaxPool2dImpl::pretty_print(std::ostream& stream) const {
+  std::ostringstream base;
+  ::torch::nn::MaxPool2dImpl::pretty_print(base);
+  stream << "dropit::torch::" << detail::base_text(base.str()) << ", ";
+  print_policy(stream);
+  stream << ")";
+}
+
+}  // namespace dropit::torch

@@ -1,0 +1,308 @@
+/**
+ * @file saved.hpp
+ * @brief What dropit's autograd functions save: a type-erased `SparseCache` for a tensor, and bit
+ * masks, each owned by a uint8/int32 tensor whose storage deleter frees it.
+ *
+ * Owning the payload through a tensor lets `ctx->save_for_backward` hold it: LibTorch then frees it
+ * right after the node's backward (or keeps it with `retain_graph`), exactly like a saved tensor.
+ */
+#pragma once
+
+#include <dropit/detail/torch/restore_range.hpp>
+#include <dropit/exec/host.hpp>
+#include <dropit/sparse_cache.hpp>
+#include <dropit/torch/memory_resource.hpp>
+#include <dropit/torch/policy.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/Storage.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <type_traits>
+#include <variant>
+
+namespace dropit::torch::detail {
+
+template <class T>
+struct type_tag {
+  using type = T;
+};
+
+/// Calls f(type_tag<T>{}) with T the dropit element type of a LibTorch dtype.
+template <class F>
+decltype(auto) dispatch_element(at::ScalarType dtype, F&& f) {
+  switch (dtype) {
+    case at::kFloat:
+      return f(type_tag<float>{});
+    case at::kDouble:
+      return f(type_tag<double>{});
+#if DROPIT_HAS_HALF
+    case at::kHalf:
+      return f(type_tag<__half>{});
+    case at::kBFloat16:
+      return f(type_tag<__nv_bfloat16>{});
+#endif
+    default:
+      break;
+  }
+  dropit::detail::throw_error("torch: no dropit element type for dtype ", c10::toString(dtype),
+                              DROPIT_HAS_HALF ? " (float, double, half and bfloat16 are supported)"
+                                              : " (float and double are supported; half and "
+                                                "bfloat16 need the CUDA toolkit's headers)");
+}
+
+/// Throws unless x lives where an executor can pack it (CPU, strided).
+inline void check_packable(const at::Tensor& x, const char* who) {
+  DROPIT_EXPECTS(x.layout() == at::kStrided, "torch::", who,
+                 ": only strided tensors are supported, got layout ", x.layout());
+  DROPIT_EXPECTS(x.device().is_cpu(), "torch::", who, ": tensors on ", x.device().str(),
+                 " are not supported: this build has only the host executor; use the CPU or "
+                 "policy none");
+}
+
+/// The executor for CPU tensors: LibTorch's thread count, payloads from LibTorch's allocator.
+[[nodiscard]] inline host_executor torch_host_executor() {
+  return host_executor{.threads = static_cast<unsigned>(at::get_num_threads()),
+                       .resource = &cpu_resource()};
+}
+
+/// A SparseCache of any supported element type and policy.
+class any_cache {
+ public:
+  /// Packs x (contiguous, CPU) with policy p.
+  void pack(const at::Tensor& x, const policy& p) {
+    dispatch_element(x.scalar_type(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const std::span<const T> data(static_cast<const T*>(x.data_ptr()),
+                                    static_cast<std::size_t>(x.numel()));
+      const host_executor exec = torch_host_executor();
+      switch (p.kind) {
+        case policy_kind::mink: {
+          SparseCache<T, MinK<>> c{MinK<>{p.gamma}};
+          c.pack(exec, data);
+          cache_ = std::move(c);
+          break;
+        }
+        case policy_kind::random: {
+          SparseCache<T, Random<>> c{Random<>{p.gamma, p.seed}};
+          c.pack(exec, data);
+          cache_ = std::move(c);
+          break;
+        }
+        default: {
+          SparseCache<T, Identity> c;
+          c.pack(exec, data);
+          cache_ = std::move(c);
+          break;
+        }
+      }
+    });
+  }
+
+  /// Writes the dense tensor into out (contiguous, CPU, size() elements of the packed dtype).
+  void restore(const at::Tensor& out) const {
+    std::visit(
+        [&](const auto& c) {
+          using C = std::decay_t<decltype(c)>;
+          if constexpr (std::is_same_v<C, std::monostate>) {
+            dropit::detail::throw_error("torch: restore of an empty cache");
+          } else {
+            using T = typename C::value_type;
+            c.restore(torch_host_executor(),
+                      std::span<T>(static_cast<T*>(out.data_ptr()), c.size()));
+          }
+        },
+        cache_);
+  }
+
+  /// Writes elements [begin, end) of the dense tensor to out[0, end - begin) (CPU memory of the
+  /// packed dtype).
+  void restore_range(std::size_t begin, std::size_t end, void* out) const {
+    std::visit(
+        [&](const auto& c) {
+          using C = std::decay_t<decltype(c)>;
+          if constexpr (std::is_same_v<C, std::monostate>) {
+            dropit::detail::throw_error("torch: restore of an empty cache");
+          } else {
+            using T = typename C::value_type;
+            DROPIT_EXPECTS(begin <= end && end <= c.size(), "torch: restore range [", begin, ", ",
+                           end, ") outside the cache's ", c.size(), " elements");
+            detail::restore_range(c.layout(), c.payload().data(), c.restore_scale(), begin, end,
+                                  static_cast<T*>(out));
+          }
+        },
+        cache_);
+  }
+
+  /// Elements of the packed tensor.
+  [[nodiscard]] std::size_t size() const noexcept {
+    return std::visit(
+        [](const auto& c) -> std::size_t {
+          if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) {
+            return 0;
+          } else {
+            return c.size();
+          }
+        },
+        cache_);
+  }
+
+  /// Payload bytes held.
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    return std::visit(
+        [](const auto& c) -> std::size_t {
+          if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) {
+            return 0;
+          } else {
+            return c.bytes();
+          }
+        },
+        cache_);
+  }
+
+  /// Elements kept.
+  [[nodiscard]] std::size_t kept() const noexcept {
+    return std::visit(
+        [](const auto& c) -> std::size_t {
+          if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) {
+            return 0;
+          } else {
+            return c.kept();
+          }
+        },
+        cache_);
+  }
+
+  /// The first payload byte (null when empty).
+  [[nodiscard]] const std::byte* data() const noexcept {
+    return std::visit(
+        [](const auto& c) -> const std::byte* {
+          if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) {
+            return nullptr;
+          } else {
+            return c.payload().data();
+          }
+        },
+        cache_);
+  }
+
+ private:
+  std::variant<std::monostate, SparseCache<float, Identity>, SparseCache<float, MinK<>>,
+               SparseCache<float, Random<>>, SparseCache<double, Identity>,
+               SparseCache<double, MinK<>>, SparseCache<double, Random<>>
+#if DROPIT_HAS_HALF
+               ,
+               SparseCache<__half, Identity>, SparseCache<__half, MinK<>>,
+               SparseCache<__half, Random<>>, SparseCache<__nv_bfloat16, Identity>,
+               SparseCache<__nv_bfloat16, MinK<>>, SparseCache<__nv_bfloat16, Random<>>
+#endif
+               >
+      cache_;
+};
+
+/// Owner of something a saved tensor's storage points into; deleted with the storage.
+struct saved_box {
+  virtual ~saved_box() = default;
+};
+
+/// A packed input.
+struct cache_box final : saved_box {
+  any_cache cache;
+  at::ScalarType dtype = at::kFloat;                       ///< of the packed tensor
+  at::MemoryFormat format = at::MemoryFormat::Contiguous;  ///< element order of the packing
+  std::size_t counted = 0;                                 ///< bytes added to counters().sparse
+  ~cache_box() override { counters().sparse.fetch_sub(counted, std::memory_order_relaxed); }
+};
+
+/// A bit mask allocated from LibTorch's CPU allocator.
+struct mask_box final : saved_box {
+  c10::DataPtr block;
+  std::size_t counted = 0;  ///< bytes added to counters().masks
+  ~mask_box() override { counters().masks.fetch_sub(counted, std::memory_order_relaxed); }
+};
+
+inline void delete_box(void* box) noexcept {
+  delete static_cast<saved_box*>(box);
+}
+
+/// A 1-d tensor of `numel` dtype elements at `data` whose storage owns `box`.
+[[nodiscard]] inline at::Tensor box_tensor(std::unique_ptr<saved_box> box, void* data,
+                                           std::size_t bytes, at::ScalarType dtype,
+                                           std::int64_t numel) {
+  c10::DataPtr ptr(data, box.get(), &delete_box, c10::Device(c10::kCPU));
+  (void)box.release();  // the DataPtr owns it from here on
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(ptr), nullptr, false);
+  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype));
+  t.set_(std::move(storage), 0, {numel}, {1});
+  return t;
+}
+
+/// The box a `box_tensor` owns.
+template <class Box>
+[[nodiscard]] const Box& box_of(const at::Tensor& t) {
+  const auto* base = static_cast<const saved_box*>(t.storage().data_ptr().get_context());
+  const auto* box = dynamic_cast<const Box*>(base);
+  DROPIT_EXPECTS(box != nullptr, "torch: a saved tensor is not one of dropit's");
+  return *box;
+}
+
+/// The memory order x's elements can be packed in without a copy (contiguous or channels-last),
+/// or Contiguous when x needs a copy first.
+[[nodiscard]] inline at::MemoryFormat packing_format(const at::Tensor& x) {
+  if (x.dim() == 4 && !x.is_contiguous() && x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    return at::MemoryFormat::ChannelsLast;
+  }
+  return at::MemoryFormat::Contiguous;
+}
+
+/// Packs x with policy p, in x's memory order when it is dense (contiguous or channels-last),
+/// into a tensor that owns the cache.
+[[nodiscard]] inline at::Tensor save_packed(const at::Tensor& x, const policy& p) {
+  check_packable(x, "save");
+  const at::MemoryFormat format = packing_format(x);
+  const at::Tensor xc = x.contiguous(format);
+  auto box = std::make_unique<cache_box>();
+  box->cache.pack(xc, p);
+  box->dtype = x.scalar_type();
+  box->format = format;
+  box->counted = box->cache.bytes();
+  counters().sparse.fetch_add(box->counted, std::memory_order_relaxed);
+  void* data = const_cast<std::byte*>(box->cache.data());
+  const std::size_t bytes = box->cache.bytes();
+  return box_tensor(std::move(box), data, bytes, at::kByte, static_cast<std::int64_t>(bytes));
+}
+
+/**
+ * Rebuilds part of a `save_packed` tensor: the elements of `sizes` starting at element `offset`
+ * of the packing order (whole leading-dimension slices: rows, samples), in the saved dtype and
+ * memory format.
+ */
+[[nodiscard]] inline at::Tensor restore_packed(const at::Tensor& saved, at::IntArrayRef sizes,
+                                               std::size_t offset = 0) {
+  const cache_box& box = box_of<cache_box>(saved);
+  const at::MemoryFormat format = sizes.size() == 4 ? box.format : at::MemoryFormat::Contiguous;
+  at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(box.dtype).memory_format(format));
+  const auto count = static_cast<std::size_t>(out.numel());
+  if (offset == 0 && count == box.cache.size()) {
+    box.cache.restore(out);
+  } else {
+    box.cache.restore_range(offset, offset + count, out.data_ptr());
+  }
+  return out;
+}
+
+/// An int32 tensor of `words` uninitialised words, counted as mask bytes.
+[[nodiscard]] inline at::Tensor make_mask(std::int64_t words) {
+  const std::size_t bytes = static_cast<std::size_t>(words) * sizeof(std::int32_t);
+  auto box = std::make_unique<mask_box>();
+  box->block = c10::GetCPUAllocator()->allocate(bytes);
+  box->counted = bytes;
+  counters().masks.fetch_add(bytes, std::memory_order_relaxed);
+  void* data = box->block.get();
+  return box_tensor(std::move(box), data, bytes, at::kInt, words);
+}
+
+}  // namespace dropit::torch::detail

@@ -1,0 +1,23 @@
+/**
+ * @file torch.hpp
+ * @brief The LibTorch adapter: dropit layers for LibTorch's autograd engine, `to_dropit`, the
+ * counting CPU allocator and the payload memory resource. Needs LibTorch; never included by
+ * `dropit.hpp`.
+ *
+ * | header | what |
+ * | --- | --- |
+ * | torch/policy.hpp | `policy{kind, gamma, seed}`, `live_saved_bytes()` |
+ * | torch/functional.hpp | `linear`, `conv2d`, `gpt2_conv1d`, `relu`, `max_pool2d` |
+ * | torch/modules.hpp | `Linear`, `Conv2d`, `Conv1D`, `ReLU`, `MaxPool2d` modules |
+ * | torch/convert.hpp | `to_dropit(module, policy)` |
+ * | torch/counting_allocator.hpp | `counting_allocator`, `cpu_allocator_guard` |
+ * | torch/memory_resource.hpp | `cpu_resource()`: payloads from LibTorch's CPU allocator |
+ */
+#pragma once
+
+#include <dropit/torch/convert.hpp>
+#include <dropit/torch/counting_allocator.hpp>
+#include <dropit/torch/functional.hpp>
+#include <dropit/torch/memory_resource.hpp>
+#include <dropit/torch/modules.hpp>
+#include <dropit/torch/policy.hpp>

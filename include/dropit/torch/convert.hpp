@@ -1,0 +1,57 @@
+/**
+ * @file convert.hpp
+ * @brief `dropit::torch::to_dropit`: switches a module tree to a policy, replacing the standard
+ * layers a `Sequential` or `ModuleList` holds by their dropit counterparts.
+ *
+ * LibTorch's C++ modules cannot have their `forward` patched at run time, so there are two ways in:
+ * - build the model from dropit's layer types (`dropit::torch::Linear`, `Conv2d`, `Conv1D`,
+ *   `ReLU`, `MaxPool2d`; modules.hpp), which works for any module, or
+ * - build it from `torch::nn` layers held in `Sequential`/`ModuleList` containers and call
+ *   `to_dropit(model, policy)`, which swaps them in place.
+ * A standard layer held as a named member of your own module is called through its own type by your
+ * `forward`, so it cannot be swapped: use a dropit type for it.
+ */
+#pragma once
+
+#include <dropit/torch/modules.hpp>
+#include <dropit/torch/policy.hpp>
+
+#include <torch/nn/module.h>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+namespace dropit::torch {
+
+/// @brief Which layers `to_dropit` touches.
+struct convert_options {
+  /// Replace standard `Linear`, `Conv2d` (and, with `masks`, `ReLU`, `MaxPool2d`) children of
+  /// `Sequential`/`ModuleList` containers.
+  bool replace = true;
+  /// Replace `ReLU` and `MaxPool2d` by their mask-saving versions too.
+  bool masks = true;
+  /// Layers to leave out, by dotted path ("features.3") and module: a standard layer is not
+  /// replaced, a dropit layer keeps its policy.
+  std::function<bool(const std::string& path, const ::torch::nn::Module&)> exclude;
+};
+
+/// @brief What `to_dropit` did.
+struct convert_report {
+  std::size_t switched = 0;  ///< dropit layers now on the policy (replaced ones included)
+  std::size_t replaced = 0;  ///< standard layers replaced by dropit layers
+  std::size_t excluded = 0;  ///< dropit layers left alone (opted out, or by `exclude`)
+};
+
+/**
+ * @brief Sets every dropit layer under `root` (root included) to `p`, except excluded ones, and
+ * first replaces standard layers in `Sequential`/`ModuleList` containers (sharing their parameter
+ * tensors, so an optimizer built before keeps working). With `p.kind == none` nothing is replaced.
+ * @throw dropit::error if p's gamma is outside [0, 1].
+ */
+convert_report to_dropit(::torch::nn::Module& root, const policy& p,
+                         const convert_options& options = {});
+
+}  // namespace dropit::torch
+
+#include <dropit/detail/torch/convert.inl>

@@ -1,0 +1,124 @@
+/**
+ * @file functional.hpp
+ * @brief The autograd functions of the LibTorch adapter, as plain functions: Linear, Conv2d and
+ * GPT-2's Conv1D save their input through a `SparseCache`; ReLU and MaxPool2d save a bit mask.
+ *
+ * Each function runs LibTorch's plain op when the policy is `none`, when grad mode is off, or when
+ * nothing that needs the saved tensor requires a gradient. Otherwise it runs a
+ * `torch::autograd::Function` whose forward is LibTorch's op and whose backward computes
+ * - the input gradient exactly (it needs only the weight);
+ * - the weight gradient from the input rebuilt from the cache: with MinK, the (1 - gamma) largest
+ *   magnitudes of the whole input (every element of every sample, as DropIT's reference does),
+ *   zeros elsewhere;
+ * - the bias gradient exactly.
+ * The cache's payload comes from LibTorch's CPU allocator (`cpu_resource()`), so allocator
+ * statistics include it; it is freed when backward has used it (or with the graph).
+ *
+ * Element types: float, double, and, where LibTorch's CPU op supports them, bfloat16 and half
+ * (the caches need the CUDA toolkit's half headers for those). Devices: CPU (the host executor);
+ * any other device throws `dropit::error` until a CUDA executor exists. Double backward through
+ * these functions is not supported.
+ */
+#pragma once
+
+#include <dropit/torch/policy.hpp>
+
+#include <ATen/ATen.h>
+#include <c10/util/Optional.h>
+
+#include <array>
+#include <cstdint>
+
+namespace dropit::torch {
+
+/**
+ * @brief `y = x W^T + b` (torch::nn::Linear), saving x through dropit.
+ * @param x input [..., in]
+ * @param weight [out, in]
+ * @param bias [out] or nullopt
+ * @param p the policy; for `random`, p.seed chooses this call's positions
+ * @throw dropit::error for an unsupported device, dtype or layout, or a bad gamma.
+ */
+[[nodiscard]] at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
+                                const c10::optional<at::Tensor>& bias, const policy& p);
+
+/// @brief Stride, padding, dilation and groups of a 2-d convolution (padding is symmetric).
+struct conv2d_params {
+  std::array<std::int64_t, 2> stride{1, 1};    ///< (height, width)
+  std::array<std::int64_t, 2> padding{0, 0};   ///< zeros added on both sides
+  std::array<std::int64_t, 2> dilation{1, 1};  ///< kernel dilation
+  std::int64_t groups = 1;                     ///< channel groups
+};
+
+/**
+ * @brief 2-d convolution (torch::nn::functional::conv2d), saving x through dropit.
+ * @param x input [N, C, H, W] (or [C, H, W])
+ * @param weight [O, C / groups, kH, kW]
+ * @param bias [O] or nullopt
+ * @param params stride, padding, dilation, groups
+ * @param p the policy
+ * @throw dropit::error as `linear`.
+ */
+[[nodiscard]] at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight,
+                                const c10::optional<at::Tensor>& bias, const conv2d_params& params,
+                                const policy& p);
+
+/**
+ * @brief GPT-2's Conv1D: `y = x W + b` with W stored [nx, nf] (`torch.addmm(b, x, W)`), saving x
+ * through dropit.
+ * @param x input [..., nx]
+ * @param weight [nx, nf]
+ * @param bias [nf] or nullopt
+ * @param p the policy
+ * @throw dropit::error as `linear`.
+ */
+[[nodiscard]] at::Tensor gpt2_conv1d(const at::Tensor& x, const at::Tensor& weight,
+                                     const c10::optional<at::Tensor>& bias, const policy& p);
+
+/**
+ * @brief `max(x, 0)` that saves one bit per element (x > 0, as LibTorch's gradient uses it)
+ * instead of its dense output, when x requires a gradient and grad mode is on; else
+ * `at::relu(x)`.
+ *
+ * The gradient equals LibTorch's: the incoming gradient where x > 0 (or x is NaN), 0 elsewhere,
+ * 0 at x == 0 too.
+ * @throw dropit::error for an unsupported device or dtype.
+ */
+[[nodiscard]] at::Tensor relu(const at::Tensor& x);
+
+/**
+ * @brief In-place `relu` (as `at::relu_`): x is overwritten with max(x, 0) and only the 1-bit
+ * mask is saved, so no second tensor of x's size is allocated.
+ *
+ * LibTorch's in-place rules apply (x must not be a leaf that requires a gradient, nor saved by an
+ * earlier op). A non-dense x (a strided view) is processed out of place and x is rebound to the
+ * result.
+ * @return x
+ * @throw dropit::error for an unsupported device or dtype.
+ */
+at::Tensor relu_(at::Tensor& x);
+
+/// @brief Window of a 2-d max pooling (stride 0 means stride = kernel).
+struct max_pool2d_params {
+  std::array<std::int64_t, 2> kernel{2, 2};    ///< window (height, width)
+  std::array<std::int64_t, 2> stride{0, 0};    ///< step; 0 = kernel
+  std::array<std::int64_t, 2> padding{0, 0};   ///< implicit -inf on both sides, <= kernel / 2
+  std::array<std::int64_t, 2> dilation{1, 1};  ///< window dilation
+  bool ceil_mode = false;                      ///< round the output size up
+};
+
+/**
+ * @brief 2-d max pooling that saves, per output, the window position of its maximum in
+ * ceil(log2(kH kW)) bits (2 bits for a 2x2 window, rounded up to a power of two) instead of
+ * LibTorch's dense input plus int64 indices; else `at::max_pool2d`.
+ *
+ * Output and gradient equal LibTorch's, ties and NaNs included (the same scan order picks the
+ * same element).
+ * @param x input [N, C, H, W] or [C, H, W]
+ * @throw dropit::error for bad window parameters, an unsupported device or dtype.
+ */
+[[nodiscard]] at::Tensor max_pool2d(const at::Tensor& x, const max_pool2d_params& params);
+
+}  // namespace dropit::torch
+
+#include <dropit/detail/torch/functional.inl>

@@ -1,0 +1,228 @@
+/**
+ * @file modules.hpp
+ * @brief Drop-in dropit layers for LibTorch: `Linear`, `Conv2d`, `Conv1D` (GPT-2), `ReLU` and
+ * `MaxPool2d`, with the options of their `torch::nn` counterparts, usable in `Sequential`.
+ *
+ * @code
+ * namespace dt = dropit::torch;
+ * const dt::policy p{dt::policy_kind::mink, 0.9};
+ * torch::nn::Sequential net(dt::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1), p),
+ *                           dt::ReLU(p), dt::MaxPool2d(torch::nn::MaxPool2dOptions(2), p),
+ *                           torch::nn::Flatten(), dt::Linear(16 * 14 * 14, 10, p));
+ * @endcode
+ *
+ * `Linear`, `Conv2d`, `ReLU` and `MaxPool2d` derive from the `torch::nn` module they replace
+ * (same parameters, options, initialisation and printing), so code that reads `weight` or
+ * `options` keeps working. Call `forward` through the dropit type (a `Sequential` does): the base
+ * class's `forward` is not virtual.
+ *
+ * A layer runs LibTorch's plain op in eval mode, under `torch::NoGradGuard`, with policy `none`,
+ * or when excluded (`exclude()`); otherwise it saves through dropit (see functional.hpp).
+ */
+#pragma once
+
+#include <dropit/torch/functional.hpp>
+#include <dropit/torch/policy.hpp>
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/pooling.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+
+namespace dropit::torch {
+
+/**
+ * @brief What every dropit layer has: its policy, a per-layer opt-out, and a step counter that
+ * gives `random` fresh positions at every training step.
+ */
+class layer {
+ public:
+  virtual ~layer() = default;
+
+  /**
+   * @brief Sets the policy used from the next forward pass on.
+   * @throw dropit::error if gamma is outside [0, 1].
+   */
+  void set_policy(const policy& p);
+  /// @brief The policy.
+  [[nodiscard]] const policy& get_policy() const noexcept { return policy_; }
+
+  /// @brief Opts this layer out (or back in): an excluded layer always runs the plain op, and
+  /// `to_dropit` leaves its policy alone.
+  void exclude(bool excluded = true) noexcept { excluded_ = excluded; }
+  /// @brief Whether the layer is opted out.
+  [[nodiscard]] bool excluded() const noexcept { return excluded_; }
+
+  /// @brief Training forward passes that went through dropit so far.
+  [[nodiscard]] std::uint64_t steps() const noexcept { return step_; }
+
+ protected:
+  explicit layer(const policy& p);
+  layer(const layer&) = default;
+  layer& operator=(const layer&) = default;
+
+  /// The policy of this call: `none` when the plain op should run (eval mode, excluded,
+  /// policy none), else the policy with this step's seed (base seed + step, per layer).
+  [[nodiscard]] policy step_policy(bool training);
+  /// Writes "policy=mink(0.9)" (or "excluded").
+  void print_policy(std::ostream& out) const;
+
+ private:
+  policy policy_;
+  bool excluded_ = false;
+  std::uint64_t step_ = 0;
+  std::uint64_t salt_;  ///< distinguishes the random positions of different layers
+};
+
+/// @brief Linear layer that saves its input through dropit; see `torch::nn::LinearImpl`.
+class LinearImpl : public ::torch::nn::LinearImpl, public layer {
+ public:
+  /// @brief `in_features` -> `out_features`, with bias.
+  LinearImpl(std::int64_t in_features, std::int64_t out_features, const policy& p = {});
+  /// @brief As `torch::nn::Linear(options)`.
+  explicit LinearImpl(const ::torch::nn::LinearOptions& options, const policy& p = {});
+  /// @brief Takes over a standard layer: the SAME parameter tensors (an optimizer that holds them
+  /// keeps working), options and training mode.
+  explicit LinearImpl(const ::torch::nn::LinearImpl& other, const policy& p = {});
+
+  /// @brief `x W^T + b`.
+  at::Tensor forward(const at::Tensor& input);
+  /// @brief A deep copy (new parameter tensors), policy and opt-out included.
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  /// @brief "dropit::torch::Linear(in_features=.., out_features=.., bias=.., policy=..)".
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/// @brief 2-d convolution that saves its input through dropit; see `torch::nn::Conv2dImpl`.
+class Conv2dImpl : public ::torch::nn::Conv2dImpl, public layer {
+ public:
+  /// @brief As `torch::nn::Conv2d(options)` (every padding mode, 'same' and 'valid' included).
+  explicit Conv2dImpl(const ::torch::nn::Conv2dOptions& options, const policy& p = {});
+  /// @brief Takes over a standard layer's parameter tensors, options and training mode.
+  explicit Conv2dImpl(const ::torch::nn::Conv2dImpl& other, const policy& p = {});
+
+  /// @brief The convolution.
+  at::Tensor forward(const at::Tensor& input);
+  /// @copydoc LinearImpl::clone
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  /// @brief "dropit::torch::Conv2d(.., policy=..)".
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/// @brief Options of GPT-2's Conv1D: nf outputs from nx inputs.
+struct Conv1DOptions {
+  /// @brief nf output features, nx input features.
+  Conv1DOptions(std::int64_t nf, std::int64_t nx) : nf_(nf), nx_(nx) {}
+  TORCH_ARG(std::int64_t, nf);   ///< output features
+  TORCH_ARG(std::int64_t, nx);   ///< input features
+  TORCH_ARG(bool, bias) = true;  ///< learn an additive bias
+};
+
+/**
+ * @brief GPT-2's Conv1D (Hugging Face `transformers.pytorch_utils.Conv1D`): `x W + b` with W
+ * stored [nx, nf], initialised N(0, 0.02), bias zeros; saves its input through dropit.
+ */
+class Conv1DImpl : public ::torch::nn::Cloneable<Conv1DImpl>, public layer {
+ public:
+  /// @brief nf outputs from nx inputs, with bias.
+  Conv1DImpl(std::int64_t nf, std::int64_t nx, const policy& p = {});
+  /// @brief From options.
+  explicit Conv1DImpl(const Conv1DOptions& options, const policy& p = {});
+
+  /// @brief (Re)creates the parameters.
+  void reset() override;
+  /// @brief `x W + b`.
+  at::Tensor forward(const at::Tensor& input);
+  /// @brief "dropit::torch::Conv1D(nf=.., nx=.., policy=..)".
+  void pretty_print(std::ostream& stream) const override;
+
+  Conv1DOptions options;  ///< the options
+  at::Tensor weight;      ///< [nx, nf]
+  at::Tensor bias;        ///< [nf], undefined without bias
+};
+
+/**
+ * @brief ReLU that saves a 1-bit mask instead of its output (so a following dropit layer's dense
+ * input can be freed); see `torch::nn::ReLUImpl`. With `inplace`, the mask ReLU overwrites its
+ * input too (`relu_`), so it allocates no second tensor.
+ */
+class ReLUImpl : public ::torch::nn::ReLUImpl, public layer {
+ public:
+  /// @brief As `torch::nn::ReLU(options)`.
+  explicit ReLUImpl(const ::torch::nn::ReLUOptions& options = {}, const policy& p = {});
+  /// @brief A mask ReLU with default options.
+  explicit ReLUImpl(const policy& p) : ReLUImpl(::torch::nn::ReLUOptions{}, p) {}
+  /// @brief Takes over a standard layer's options and training mode.
+  explicit ReLUImpl(const ::torch::nn::ReLUImpl& other, const policy& p = {});
+
+  /// @brief `max(x, 0)`.
+  at::Tensor forward(const at::Tensor& input);
+  /// @copydoc LinearImpl::clone
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  /// @brief "dropit::torch::ReLU(policy=..)".
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/**
+ * @brief 2-d max pooling that saves each window's argmax in a few bits instead of its dense
+ * input and int64 indices; see `torch::nn::MaxPool2dImpl`.
+ */
+class MaxPool2dImpl : public ::torch::nn::MaxPool2dImpl, public layer {
+ public:
+  /// @brief As `torch::nn::MaxPool2d(options)`.
+  explicit MaxPool2dImpl(const ::torch::nn::MaxPool2dOptions& options, const policy& p = {});
+  /// @brief Takes over a standard layer's options and training mode.
+  explicit MaxPool2dImpl(const ::torch::nn::MaxPool2dImpl& other, const policy& p = {});
+
+  /// @brief The pooling.
+  at::Tensor forward(const at::Tensor& input);
+  /// @copydoc LinearImpl::clone
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  /// @brief "dropit::torch::MaxPool2d(.., policy=..)".
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/// @brief Module holder of `LinearImpl` (as `TORCH_MODULE(Linear)`).
+class Linear : public ::torch::nn::ModuleHolder<LinearImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<LinearImpl>::ModuleHolder;
+  using Impl = LinearImpl;  ///< the module type
+};
+/// @brief Module holder of `Conv2dImpl`.
+class Conv2d : public ::torch::nn::ModuleHolder<Conv2dImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<Conv2dImpl>::ModuleHolder;
+  using Impl = Conv2dImpl;  ///< the module type
+};
+/// @brief Module holder of `Conv1DImpl`.
+class Conv1D : public ::torch::nn::ModuleHolder<Conv1DImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<Conv1DImpl>::ModuleHolder;
+  using Impl = Conv1DImpl;  ///< the module type
+};
+/// @brief Module holder of `ReLUImpl`.
+class ReLU : public ::torch::nn::ModuleHolder<ReLUImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<ReLUImpl>::ModuleHolder;
+  using Impl = ReLUImpl;  ///< the module type
+};
+/// @brief Module holder of `MaxPool2dImpl`.
+class MaxPool2d : public ::torch::nn::ModuleHolder<MaxPool2dImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<MaxPool2dImpl>::ModuleHolder;
+  using Impl = MaxPool2dImpl;  ///< the module type
+};
+
+}  // namespace dropit::torch
+
+#include <dropit/detail/torch/modules.inl>

@@ -1,0 +1,279 @@
+// dropit::torch::checkpointed_graph: a planned run gives LibTorch's own gradients (the plain run is
+// the oracle), keeps only the checkpoints between forward and backward (measured by the counting
+// allocator), and rejects bad graphs and checkpoint sets.
+#include <dropit/torch/checkpoint.hpp>
+#include <dropit/torch/counting_allocator.hpp>
+
+#include <doctest/doctest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace dt = dropit::torch;
+using vertex = dt::checkpointed_graph::vertex;
+
+/// max |a - b| / max(1, max |b|).
+double rel_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  REQUIRE(a.defined());
+  REQUIRE(b.defined());
+  REQUIRE(a.sizes() == b.sizes());
+  const double scale = std::max(1.0, b.abs().max().item<double>());
+  return (a - b).abs().max().item<double>() / scale;
+}
+
+/// A small ResNet-like DAG: a stem, two residual blocks (conv-bn-relu-conv-bn + skip, relu), a
+/// block with two parallel branches concatenated, and a head that also reads the stem (a long
+/// skip).
+struct residual_net : torch::nn::Module {
+  residual_net() {
+    stem = register_module("stem", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 8, 3).padding(1)));
+    for (int b = 0; b < 2; ++b) {
+      const std::string s = std::to_string(b);
+      conv_a.push_back(register_module(
+          "conv_a" + s, torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 8, 3).padding(1))));
+      bn_a.push_back(register_module("bn_a" + s, torch::nn::BatchNorm2d(8)));
+      conv_b.push_back(register_module(
+          "conv_b" + s, torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 8, 3).padding(1))));
+      bn_b.push_back(register_module("bn_b" + s, torch::nn::BatchNorm2d(8)));
+    }
+    left = register_module("left", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 4, 1)));
+    right =
+        register_module("right", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 4, 3).padding(1)));
+    fc = register_module("fc", torch::nn::Linear(8 * 8 * 8, 10));
+  }
+
+  /// The model as a checkpointed graph (its operations call this module's layers).
+  dt::checkpointed_graph graph() {
+    dt::checkpointed_graph g;
+    vertex h = g.add("stem", {g.input()}, [this](auto& in) { return stem->forward(in[0]); });
+    const vertex stem_out = h =
+        g.add("stem_relu", {h}, [](auto& in) { return torch::relu(in[0]); });
+    for (std::size_t b = 0; b < conv_a.size(); ++b) {
+      const std::string s = std::to_string(b);
+      const vertex skip = h;
+      h = g.add("conv_a" + s, {h}, [this, b](auto& in) { return conv_a[b]->forward(in[0]); });
+      h = g.add("bn_a" + s, {h}, [this, b](auto& in) { return bn_a[b]->forward(in[0]); });
+      h = g.add("relu_a" + s, {h}, [](auto& in) { return torch::relu(in[0]); });
+      h = g.add("conv_b" + s, {h}, [this, b](auto& in) { return conv_b[b]->forward(in[0]); });
+      h = g.add("bn_b" + s, {h}, [this, b](auto& in) { return bn_b[b]->forward(in[0]); });
+      h = g.add("add" + s, {h, skip}, [](auto& in) { return in[0] + in[1]; });
+      h = g.add("relu" + s, {h}, [](auto& in) { return torch::relu(in[0]); });
+    }
+    const vertex l = g.add("left", {h}, [this](auto& in) { return left->forward(in[0]); });
+    const vertex r =
+        g.add("right", {h}, [this](auto& in) { return torch::tanh(right->forward(in[0])); });
+    h = g.add("cat", {l, r}, [](auto& in) { return torch::cat({in[0], in[1]}, 1); });
+    h = g.add("long_skip", {h, stem_out}, [](auto& in) { return in[0] * in[1].sigmoid(); });
+    h = g.add("pool", {h}, [](auto& in) { return torch::avg_pool2d(in[0], 2).flatten(1); });
+    g.add("fc", {h}, [this](auto& in) { return fc->forward(in[0]); });
+    return g;
+  }
+
+  torch::nn::Conv2d stem{nullptr}, left{nullptr}, right{nullptr};
+  std::vector<torch::nn::Conv2d> conv_a, conv_b;
+  std::vector<torch::nn::BatchNorm2d> bn_a, bn_b;
+  torch::nn::Linear fc{nullptr};
+};
+
+/// Loss, input gradient and every parameter's gradient of one forward + backward.
+struct step_result {
+  torch::Tensor loss, input_grad;
+  std::map<std::string, torch::Tensor> grads;
+};
+
+step_result run_step(residual_net& net, const dt::checkpointed_graph& g, const torch::Tensor& x,
+                     const torch::Tensor& y, bool plain, bool input_grad = true) {
+  net.zero_grad();
+  auto xi = x.clone().requires_grad_(input_grad);
+  auto out = plain ? g.forward_plain(xi) : g.forward(xi);
+  auto loss = torch::nn::functional::cross_entropy(out, y);
+  loss.backward();
+  step_result r{loss.detach(), input_grad ? xi.grad().clone() : torch::zeros_like(x), {}};
+  for (const auto& p : net.named_parameters())
+    r.grads[p.key()] = p.value().grad().clone();
+  return r;
+}
+
+void check_same(const step_result& got, const step_result& want) {
+  CHECK(rel_diff(got.loss, want.loss) <= 1e-6);
+  CHECK(rel_diff(got.input_grad, want.input_grad) <= 1e-6);
+  REQUIRE(got.grads.size() == want.grads.size());
+  for (const auto& [name, grad] : want.grads) {
+    CAPTURE(name);
+    CHECK(rel_diff(got.grads.at(name), grad) <= 1e-6);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("checkpointed_graph: planned runs give the plain run's loss and gradients") {
+  torch::manual_seed(3);
+  residual_net net;
+  net.train();
+  auto g = net.graph();
+  const auto x = torch::randn({6, 1, 16, 16});
+  const auto y = torch::randint(0, 10, {6});
+  const auto want = run_step(net, g, x, y, /*plain=*/true);
+
+  SUBCASE("the optimal plan") {
+    const auto& plan = g.plan(x);
+    CHECK(plan.cost < plan.regular_cost);
+    CHECK_FALSE(plan.checkpoints.empty());
+    check_same(run_step(net, g, x, y, false), want);
+  }
+  SUBCASE("the optimal plan, input without grad (parameters still get theirs)") {
+    g.plan(x);
+    check_same(run_step(net, g, x, y, false, false), run_step(net, g, x, y, true, false));
+  }
+  SUBCASE("no checkpoint: everything is recomputed from the input") {
+    g.use_checkpoints(x, {});
+    check_same(run_step(net, g, x, y, false), want);
+  }
+  SUBCASE("every vertex a checkpoint: nothing is recomputed") {
+    std::vector<vertex> all;
+    for (vertex v = 1; v + 1 < g.size(); ++v)
+      all.push_back(v);
+    g.use_checkpoints(x, all);
+    check_same(run_step(net, g, x, y, false), want);
+  }
+  SUBCASE("each block output a checkpoint (a hand-made plan)") {
+    const auto measured = g.measure(x);
+    std::vector<vertex> cps;
+    for (const char* id : {"stem_relu", "relu0", "relu1", "cat", "long_skip"})
+      cps.push_back(*measured.find(id));
+    g.use_checkpoints(x, cps);
+    check_same(run_step(net, g, x, y, false), want);
+  }
+  SUBCASE("grad mode off runs the plain path") {
+    g.plan(x);
+    const torch::NoGradGuard no_grad;
+    net.eval();
+    CHECK(rel_diff(g.forward(x), g.forward_plain(x)) == 0.0);
+    CHECK_FALSE(g.forward(x).requires_grad());
+  }
+}
+
+TEST_CASE("checkpointed_graph: the planner's graph has one vertex per tensor, costed in bytes") {
+  residual_net net;
+  auto g = net.graph();
+  const auto x = torch::randn({2, 1, 16, 16});
+  const auto measured = g.measure(x);
+  CHECK(measured.vertex_count() == g.size());
+  CHECK(measured.cost(*measured.find("stem")) == 2 * 8 * 16 * 16 * 4);
+  CHECK(measured.cost(*measured.find("cat")) == 2 * 8 * 16 * 16 * 4);
+  CHECK(measured.cost(*measured.find("fc")) == 2 * 10 * 4);
+  CHECK(measured.source() == 0);
+  CHECK(measured.target() == g.size() - 1);
+}
+
+TEST_CASE("checkpointed_graph: between forward and backward only the checkpoints stay alive") {
+  // A deep chain of same-sized activations: the plain run keeps every one of them (each tanh saves
+  // its output), a planned run keeps about sqrt(depth) of them.
+  torch::manual_seed(5);
+  constexpr int depth = 24;
+  std::vector<torch::nn::Linear> layers;
+  dt::checkpointed_graph g;
+  vertex h = g.input();
+  for (int i = 0; i < depth; ++i) {
+    layers.emplace_back(torch::nn::Linear(256, 256));
+    auto& layer = layers.back();
+    h = g.add("fc" + std::to_string(i), {h},
+              [layer](auto& in) mutable { return layer->forward(in[0]); });
+    h = g.add("tanh" + std::to_string(i), {h}, [](auto& in) { return torch::tanh(in[0]); });
+  }
+  const auto x = torch::randn({512, 256});  // 512 KiB per activation
+  const std::size_t activation = 512 * 256 * 4;
+
+  dt::counting_allocator counter;
+  dt::cpu_allocator_guard install(counter);
+  auto held_after_forward = [&](bool planned) {
+    const std::size_t before = counter.current_bytes();
+    auto out = planned ? g.forward(x) : g.forward_plain(x);
+    const std::size_t held = counter.current_bytes() - before;
+    counter.reset_peak();
+    out.sum().backward();
+    const std::size_t peak = counter.peak_bytes() - before;
+    return std::pair{held, peak};
+  };
+  auto [plain_held, plain_peak] = held_after_forward(false);
+  const auto& plan = g.plan(x);
+  auto [planned_held, planned_peak] = held_after_forward(true);
+  INFO("plain held " << plain_held << " B, planned held " << planned_held << " B, "
+                     << plan.checkpoints.size() << " checkpoints");
+  // Plain: each tanh saves its output, which the next fc saves as its input: at least one
+  // activation per layer.
+  CHECK(plain_held >= depth * activation);
+  // Planned: the checkpoints and the output, nothing else of activation size.
+  CHECK(planned_held <= (plan.checkpoints.size() + 1) * activation + activation / 2);
+  CHECK(plan.checkpoints.size() < depth / 2);
+  CHECK(planned_peak < plain_peak);
+}
+
+TEST_CASE("checkpointed_graph: bad graphs and checkpoint sets throw dropit::error") {
+  dt::checkpointed_graph g;
+  auto id = [](auto& in) { return in[0] * 2; };
+  CHECK_THROWS_WITH_AS(g.forward(torch::ones({2})), doctest::Contains("no operation"),
+                       dropit::error);
+  CHECK_THROWS_WITH_AS(g.add("a", {}, id), doctest::Contains("has no input"), dropit::error);
+  CHECK_THROWS_WITH_AS(g.add("a", {1}, id), doctest::Contains("not an earlier vertex"),
+                       dropit::error);
+  CHECK_THROWS_WITH_AS(g.add("a", {0}, nullptr), doctest::Contains("no operation"), dropit::error);
+  const vertex a = g.add("a", {0}, id);
+  CHECK_THROWS_WITH_AS(g.add("a", {a}, id), doctest::Contains("'a' is taken"), dropit::error);
+  const vertex b = g.add("b", {a}, id);
+  g.add("c", {b}, id);
+  const auto x = torch::ones({4});
+  const vertex input_as_checkpoint[] = {0};
+  CHECK_THROWS_AS(g.use_checkpoints(x, input_as_checkpoint), dropit::error);
+  const vertex twice[] = {a, a};
+  CHECK_THROWS_AS(g.use_checkpoints(x, twice), dropit::error);
+  CHECK_FALSE(g.current_plan().has_value());
+  // A vertex that does not lead to the output is rejected by the planner's checks, by name.
+  dt::checkpointed_graph dangling;
+  const vertex d = dangling.add("dead_end", {0}, id);
+  dangling.add("out", {0}, id);
+  (void)d;
+  CHECK_THROWS_WITH_AS(dangling.plan(x), doctest::Contains("dead_end"), dropit::error);
+}
+
+TEST_CASE("checkpointed_graph::replaying() is true only while measuring or recomputing") {
+  torch::manual_seed(7);
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(1, 4, 3).padding(1));
+  torch::nn::BatchNorm2d bn_plain(4), bn_planned(4);
+  std::vector<bool> seen;
+  // A batch norm that updates its running statistics in forward only (as the example's does).
+  auto make = [&](torch::nn::BatchNorm2d bn) {
+    dt::checkpointed_graph g;
+    vertex h = g.add("conv", {g.input()}, [&](auto& in) { return conv->forward(in[0]); });
+    h = g.add("bn", {h}, [bn, &seen](auto& in) {
+      seen.push_back(dt::checkpointed_graph::replaying());
+      const bool update = !dt::checkpointed_graph::replaying();
+      const torch::Tensor none;
+      return torch::batch_norm(in[0], bn->weight, bn->bias, update ? bn->running_mean : none,
+                               update ? bn->running_var : none, true, 0.1, 1e-5, false);
+    });
+    h = g.add("relu", {h}, [](auto& in) { return torch::relu(in[0]); });
+    g.add("sum", {h}, [](auto& in) { return in[0].sum(); });
+    return g;
+  };
+  const auto x = torch::randn({3, 1, 8, 8});
+  auto plain = make(bn_plain);
+  plain.forward(x).backward();
+  CHECK(seen == std::vector<bool>{false});
+  seen.clear();
+  auto planned = make(bn_planned);
+  planned.use_checkpoints(x, {});          // everything is recomputed in backward
+  CHECK(seen == std::vector<bool>{true});  // measuring
+  seen.clear();
+  CHECK_FALSE(dt::checkpointed_graph::replaying());
+  planned.forward(x).backward();
+  CHECK_FALSE(dt::checkpointed_graph::replaying());
+  CHECK(seen == std::vector<bool>{false, true});  // forward, recompute
+  CHECK(rel_diff(bn_planned->running_mean, bn_plain->running_mean) == 0.0);
+  CHECK(rel_diff(bn_planned->running_var, bn_plain->running_var) == 0.0);
+}

@@ -1,0 +1,580 @@
+// The LibTorch adapter's layers: gradients against LibTorch's own (Identity) and against the
+// brute-force sparsified input (MinK), the kept set against torch::topk, Random's fresh positions,
+// pieces (chunking), plain paths, to_dropit, errors.
+#include <dropit/torch.hpp>
+
+#include "test_support.hpp"
+#include "torch_test_support.hpp"
+#include <doctest/doctest.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace dropit_torch_test;
+namespace dt = dropit::torch;
+namespace nn = torch::nn;
+
+const torch_threads two_threads;
+
+/// Restores every piece size to the default when a test ends.
+struct chunk_guard {
+  std::size_t saved = dt::chunk_bytes();
+  ~chunk_guard() { dt::set_chunk_bytes(saved); }
+};
+
+/// Gradients of sum(op(x, w, b) * r) w.r.t. x, w, b, for a fixed random r.
+struct grads {
+  torch::Tensor y, gx, gw, gb;
+};
+
+template <class Op>
+grads run(const Op& op, const torch::Tensor& x0, const torch::Tensor& w0, const torch::Tensor& b0) {
+  auto x = x0.detach().clone().requires_grad_(true);
+  auto w = w0.detach().clone().requires_grad_(true);
+  auto b = b0.defined() ? b0.detach().clone().requires_grad_(true) : torch::Tensor();
+  auto y = op(x, w, b);
+  torch::manual_seed(99);
+  auto r = torch::randn(y.sizes(), y.options());
+  (y * r).sum().backward();
+  return {y.detach(), x.grad(), w.grad(), b.defined() ? b.grad() : torch::Tensor()};
+}
+
+c10::optional<torch::Tensor> opt(const torch::Tensor& b) {
+  return b.defined() ? c10::optional<torch::Tensor>(b) : c10::nullopt;
+}
+
+void check_close(const grads& a, const grads& ref, double tol, bool check_gw = true) {
+  CHECK(rel_diff(a.y, ref.y) <= tol);
+  CHECK(rel_diff(a.gx, ref.gx) <= tol);
+  if (check_gw) CHECK(rel_diff(a.gw, ref.gw) <= tol);
+  if (ref.gb.defined()) CHECK(rel_diff(a.gb, ref.gb) <= tol);
+  if (!ref.gb.defined()) CHECK_FALSE(a.gb.defined());
+}
+
+// ---- Identity: LibTorch's own gradients ------------------------------------------------------
+
+TEST_CASE(
+    "torch: Identity Linear gradients equal LibTorch's (2-d and 3-d input, bias, fp32/fp64)") {
+  for (auto dtype : {torch::kFloat, torch::kDouble}) {
+    for (bool bias : {true, false}) {
+      for (bool three_d : {false, true}) {
+        CAPTURE(dtype);
+        CAPTURE(bias);
+        CAPTURE(three_d);
+        torch::manual_seed(3);
+        auto x = three_d ? torch::randn({4, 5, 7}, dtype) : torch::randn({9, 7}, dtype);
+        auto w = torch::randn({6, 7}, dtype);
+        auto b = bias ? torch::randn({6}, dtype) : torch::Tensor();
+        const auto p = make_policy(dt::policy_kind::identity);
+        auto got = run([&](auto& x_, auto& w_, auto& b_) { return dt::linear(x_, w_, opt(b_), p); },
+                       x, w, b);
+        auto ref =
+            run([&](auto& x_, auto& w_, auto& b_) { return torch::linear(x_, w_, b_); }, x, w, b);
+        check_close(got, ref, 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("torch: Identity Conv2d gradients equal LibTorch's (stride, padding, groups, dilation)") {
+  struct conv_case {
+    std::int64_t cin, cout, k, stride, pad, dil, groups;
+  };
+  const std::vector<conv_case> cases = {{3, 4, 3, 1, 1, 1, 1}, {4, 6, 3, 2, 0, 1, 2},
+                                        {4, 4, 3, 1, 2, 2, 4}, {2, 5, 1, 1, 0, 1, 1},
+                                        {6, 6, 5, 3, 2, 1, 3}, {3, 8, 2, 2, 1, 3, 1}};
+  for (auto dtype : {torch::kFloat, torch::kDouble}) {
+    for (bool bias : {true, false}) {
+      for (const auto& c : cases) {
+        CAPTURE(dtype);
+        CAPTURE(bias);
+        CAPTURE(c.k);
+        CAPTURE(c.stride);
+        CAPTURE(c.groups);
+        CAPTURE(c.dil);
+        torch::manual_seed(5);
+        auto x = torch::randn({3, c.cin, 11, 9}, dtype);
+        auto w = torch::randn({c.cout, c.cin / c.groups, c.k, c.k}, dtype);
+        auto b = bias ? torch::randn({c.cout}, dtype) : torch::Tensor();
+        dt::conv2d_params params;
+        params.stride = {c.stride, c.stride};
+        params.padding = {c.pad, c.pad};
+        params.dilation = {c.dil, c.dil};
+        params.groups = c.groups;
+        const auto p = make_policy(dt::policy_kind::identity);
+        auto got = run(
+            [&](auto& x_, auto& w_, auto& b_) { return dt::conv2d(x_, w_, opt(b_), params, p); }, x,
+            w, b);
+        auto ref = run(
+            [&](auto& x_, auto& w_, auto& b_) {
+              return torch::conv2d(x_, w_, b_, c.stride, c.pad, c.dil, c.groups);
+            },
+            x, w, b);
+        check_close(got, ref, 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("torch: Identity Conv1D (GPT-2 addmm) gradients equal LibTorch's addmm") {
+  for (auto dtype : {torch::kFloat, torch::kDouble}) {
+    for (bool bias : {true, false}) {
+      CAPTURE(dtype);
+      CAPTURE(bias);
+      torch::manual_seed(7);
+      auto x = torch::randn({2, 5, 8}, dtype);
+      auto w = torch::randn({8, 12}, dtype);  // [nx, nf]
+      auto b = bias ? torch::randn({12}, dtype) : torch::Tensor();
+      const auto p = make_policy(dt::policy_kind::identity);
+      auto got =
+          run([&](auto& x_, auto& w_, auto& b_) { return dt::gpt2_conv1d(x_, w_, opt(b_), p); }, x,
+              w, b);
+      auto ref = run(
+          [&](auto& x_, auto& w_, auto& b_) {
+            auto x2 = x_.reshape({-1, 8});
+            auto y = b_.defined() ? torch::addmm(b_, x2, w_) : x2.mm(w_);
+            return y.view({2, 5, 12});
+          },
+          x, w, b);
+      check_close(got, ref, 1e-6);
+    }
+  }
+}
+
+TEST_CASE("torch: Identity layers in bfloat16 match LibTorch's bfloat16 ops") {
+  if (!DROPIT_HAS_HALF) {
+    MESSAGE("skipped: bfloat16 caches need the CUDA toolkit's cuda_bf16.h");
+    return;
+  }
+  torch::manual_seed(11);
+  auto x = torch::randn({6, 16}).to(torch::kBFloat16);
+  auto w = torch::randn({8, 16}).to(torch::kBFloat16);
+  auto b = torch::randn({8}).to(torch::kBFloat16);
+  const auto p = make_policy(dt::policy_kind::identity);
+  auto got =
+      run([&](auto& x_, auto& w_, auto& b_) { return dt::linear(x_, w_, opt(b_), p); }, x, w, b);
+  auto ref = run([&](auto& x_, auto& w_, auto& b_) { return torch::linear(x_, w_, b_); }, x, w, b);
+  check_close(got, ref, 1e-2);  // bf16 rounding of differently ordered sums
+  auto xc = torch::randn({2, 3, 8, 8}).to(torch::kBFloat16);
+  auto wc = torch::randn({4, 3, 3, 3}).to(torch::kBFloat16);
+  auto gotc = run([&](auto& x_, auto& w_, auto& b_) { return dt::conv2d(x_, w_, opt(b_), {}, p); },
+                  xc, wc, torch::Tensor());
+  auto refc = run([&](auto& x_, auto& w_, auto&) { return torch::conv2d(x_, w_); }, xc, wc,
+                  torch::Tensor());
+  check_close(gotc, refc, 0.0);  // the very same LibTorch calls
+  MESSAGE("half (fp16): LibTorch 1.13's CPU addmm and conv2d do not support it; not tested");
+}
+
+// ---- MinK: the brute-force sparsified input -------------------------------------------------
+
+TEST_CASE(
+    "torch: MinK Linear/Conv1D/Conv2d weight gradient comes from the top-k sparsified input") {
+  for (double gamma : {0.5, 0.9, 0.99}) {
+    CAPTURE(gamma);
+    const auto p = make_policy(dt::policy_kind::mink, gamma);
+    {  // Linear, 3-d input: the whole input is one selection
+      auto x = tie_free({3, 7, 16}, torch::kDouble);
+      auto w = torch::randn({5, 16}, torch::kDouble);
+      auto b = torch::randn({5}, torch::kDouble);
+      auto got = run([&](auto& x_, auto& w_, auto& b_) { return dt::linear(x_, w_, opt(b_), p); },
+                     x, w, b);
+      auto exact =
+          run([&](auto& x_, auto& w_, auto& b_) { return torch::linear(x_, w_, b_); }, x, w, b);
+      auto sparse = run([&](auto&, auto& w_,
+                            auto& b_) { return torch::linear(topk_sparsified(x, gamma), w_, b_); },
+                        x, w, b);
+      CHECK(rel_diff(got.y, exact.y) <= 1e-12);     // forward is exact
+      CHECK(rel_diff(got.gx, exact.gx) <= 1e-12);   // input gradient is exact
+      CHECK(rel_diff(got.gb, exact.gb) <= 1e-12);   // bias gradient is exact
+      CHECK(rel_diff(got.gw, sparse.gw) <= 1e-12);  // weight gradient from the sparsified input
+      if (gamma > 0) CHECK(rel_diff(got.gw, exact.gw) > 1e-6);
+    }
+    {  // Conv1D
+      auto x = tie_free({4, 10}, torch::kDouble, 2);
+      auto w = torch::randn({10, 3}, torch::kDouble);
+      auto got =
+          run([&](auto& x_, auto& w_, auto& b_) { return dt::gpt2_conv1d(x_, w_, opt(b_), p); }, x,
+              w, torch::Tensor());
+      auto sparse = run([&](auto&, auto& w_, auto&) { return topk_sparsified(x, gamma).mm(w_); }, x,
+                        w, torch::Tensor());
+      CHECK(rel_diff(got.gw, sparse.gw) <= 1e-12);
+    }
+    {  // Conv2d, stride 2, padding 1
+      auto x = tie_free({2, 3, 9, 9}, torch::kDouble, 3);
+      auto w = torch::randn({4, 3, 3, 3}, torch::kDouble);
+      dt::conv2d_params params;
+      params.stride = {2, 2};
+      params.padding = {1, 1};
+      auto got =
+          run([&](auto& x_, auto& w_, auto& b_) { return dt::conv2d(x_, w_, opt(b_), params, p); },
+              x, w, torch::Tensor());
+      auto exact = run([&](auto& x_, auto& w_, auto&) { return torch::conv2d(x_, w_, {}, 2, 1); },
+                       x, w, torch::Tensor());
+      auto sparse =
+          run([&](auto&, auto& w_,
+                  auto&) { return torch::conv2d(topk_sparsified(x, gamma), w_, {}, 2, 1); },
+              x, w, torch::Tensor());
+      CHECK(rel_diff(got.gx, exact.gx) <= 1e-12);
+      CHECK(rel_diff(got.gw, sparse.gw) <= 1e-12);
+    }
+  }
+}
+
+TEST_CASE("torch: MinK's kept set equals torch::topk(x.abs(), k) on tie-free input") {
+  for (auto dtype : {torch::kFloat, torch::kDouble}) {
+    for (std::int64_t n : {1000, 4096, 100000}) {
+      for (double gamma : {0.5, 0.9}) {
+        CAPTURE(n);
+        CAPTURE(gamma);
+        auto x = tie_free({n}, dtype, static_cast<std::uint64_t>(n));
+        auto saved = dt::detail::save_packed(x, make_policy(dt::policy_kind::mink, gamma));
+        auto rebuilt = dt::detail::restore_packed(saved, x.sizes());
+        const auto k =
+            static_cast<std::int64_t>(dropit_test::expected_k(static_cast<std::size_t>(n), gamma));
+        auto topk_idx = std::get<0>(std::get<1>(torch::topk(x.abs(), k)).sort());
+        auto kept_idx = rebuilt.nonzero().reshape({-1});
+        REQUIRE(kept_idx.numel() == k);
+        CHECK(torch::equal(kept_idx, topk_idx));
+        CHECK(torch::equal(rebuilt.index({kept_idx}), x.index({kept_idx})));
+      }
+    }
+  }
+}
+
+TEST_CASE("torch: MinK with ties keeps the lowest indices first (test_support's oracle)") {
+  // Values rounded to a few levels: many exact ties at the threshold.
+  torch::manual_seed(21);
+  auto x = torch::randint(-4, 5, {5000}, torch::kFloat);
+  auto saved = dt::detail::save_packed(x, make_policy(dt::policy_kind::mink, 0.7));
+  auto rebuilt = dt::detail::restore_packed(saved, x.sizes());
+  std::vector<float> xs(x.data_ptr<float>(), x.data_ptr<float>() + x.numel());
+  const auto kept = dropit_test::oracle_mink<float>(std::span<const float>(xs),
+                                                    dropit_test::expected_k(xs.size(), 0.7));
+  const auto want = dropit_test::dense_from<float>(std::span<const float>(xs), kept);
+  CHECK(torch::equal(rebuilt, torch::from_blob(const_cast<float*>(want.data()), {5000}).clone()));
+}
+
+TEST_CASE("torch: Random draws new positions at every training step, MinK does not") {
+  for (auto kind : {dt::policy_kind::random, dt::policy_kind::mink}) {
+    CAPTURE(dt::to_string(kind));
+    torch::manual_seed(4);
+    dt::Linear layer(32, 4, make_policy(kind, 0.9, 123));
+    auto x = torch::randn({16, 32});
+    std::vector<torch::Tensor> gws;
+    for (int step = 0; step < 3; ++step) {
+      layer->zero_grad();
+      layer(x).sum().backward();
+      gws.push_back(layer->weight.grad().clone());
+    }
+    CHECK(layer->steps() == 3);
+    if (kind == dt::policy_kind::random) {
+      CHECK_FALSE(torch::equal(gws[0], gws[1]));
+      CHECK_FALSE(torch::equal(gws[1], gws[2]));
+    } else {
+      CHECK(torch::equal(gws[0], gws[1]));
+      CHECK(torch::equal(gws[1], gws[2]));
+    }
+  }
+  // Random keeps exactly k positions, as the policy says.
+  auto x = tie_free({10000});
+  auto rebuilt = dt::detail::restore_packed(
+      dt::detail::save_packed(x, make_policy(dt::policy_kind::random, 0.9, 5)), x.sizes());
+  CHECK(rebuilt.ne(0).sum().item<std::int64_t>() == 1000);
+}
+
+// ---- pieces (chunking) -----------------------------------------------------------------------
+
+TEST_CASE("torch: gradients computed in pieces equal the gradients computed whole") {
+  chunk_guard restore_default;
+  for (auto kind : {dt::policy_kind::identity, dt::policy_kind::mink}) {
+    CAPTURE(dt::to_string(kind));
+    const auto p = make_policy(kind, 0.8);
+    auto x = tie_free({6, 10, 24}, torch::kDouble, 8);
+    auto w = torch::randn({7, 24}, torch::kDouble);
+    auto b = torch::randn({7}, torch::kDouble);
+    auto xc = tie_free({7, 3, 10, 10}, torch::kDouble, 9);
+    auto wc = torch::randn({5, 3, 3, 3}, torch::kDouble);
+    auto bc = torch::randn({5}, torch::kDouble);
+    dt::conv2d_params params;
+    params.padding = {1, 1};
+    auto lin = [&](auto& x_, auto& w_, auto& b_) { return dt::linear(x_, w_, opt(b_), p); };
+    auto c1d = [&](auto& x_, auto& w_, auto&) { return dt::gpt2_conv1d(x_, w_.t(), {}, p); };
+    auto conv = [&](auto& x_, auto& w_, auto& b_) {
+      return dt::conv2d(x_, w_, opt(b_), params, p);
+    };
+    dt::set_chunk_bytes(0);
+    const auto whole_lin = run(lin, x, w, b);
+    const auto whole_c1d = run(c1d, x, w, torch::Tensor());
+    const auto whole_conv = run(conv, xc, wc, bc);
+    for (std::size_t piece : {std::size_t{1}, std::size_t{700}, std::size_t{4000}}) {
+      CAPTURE(piece);
+      dt::set_chunk_bytes(piece);  // 1 byte: one row / one sample per piece
+      check_close(run(lin, x, w, b), whole_lin, 1e-12);
+      check_close(run(c1d, x, w, torch::Tensor()), whole_c1d, 1e-12);
+      check_close(run(conv, xc, wc, bc), whole_conv, 1e-12);
+    }
+  }
+}
+
+TEST_CASE("torch: a range restore equals the slice of a whole restore, for every encoding") {
+  // gamma 0.5: bitmask; 0.99: index list; 0 and 1: no positions (dense copy, nothing kept).
+  for (double gamma : {0.0, 0.5, 0.99, 1.0}) {
+    CAPTURE(gamma);
+    auto x = tie_free({70001}, torch::kFloat, 31);
+    auto saved = dt::detail::save_packed(x, make_policy(dt::policy_kind::mink, gamma));
+    const auto whole = dt::detail::restore_packed(saved, x.sizes());
+    const std::vector<std::pair<std::int64_t, std::int64_t>> ranges = {
+        {0, 70001},   {0, 1},       {5, 37},        {31, 33},
+        {1000, 3071}, {1024, 2048}, {69999, 70001}, {33, 33}};
+    for (auto [b, e] : ranges) {
+      CAPTURE(b);
+      CAPTURE(e);
+      auto part = torch::full({e - b}, 7.0f);
+      dt::detail::box_of<dt::detail::cache_box>(saved).cache.restore_range(
+          static_cast<std::size_t>(b), static_cast<std::size_t>(e), part.data_ptr());
+      CHECK(torch::equal(part, whole.slice(0, b, e)));
+    }
+  }
+}
+
+// ---- plain paths, lifetime -------------------------------------------------------------------
+
+TEST_CASE("torch: eval mode, no-grad, policy none and opt-out run the plain op and save nothing") {
+  torch::manual_seed(12);
+  auto x = torch::randn({4, 8});
+  dt::Linear layer(8, 3, make_policy(dt::policy_kind::mink));
+  nn::Linear plain(8, 3);
+  {
+    torch::NoGradGuard no_grad;
+    plain->weight.copy_(layer->weight);
+    plain->bias.copy_(layer->bias);
+  }
+  const auto before = dt::live_saved_bytes().total();
+  auto check_plain = [&](const torch::Tensor& y) {
+    CHECK(dt::live_saved_bytes().total() == before);
+    CHECK(torch::equal(y, plain(x)));
+  };
+  layer->eval();
+  check_plain(layer(x));
+  layer->train();
+  {
+    torch::NoGradGuard no_grad;
+    check_plain(layer(x));
+  }
+  layer->exclude();
+  check_plain(layer(x));
+  CHECK(layer->steps() == 0);
+  layer->exclude(false);
+  layer->set_policy({});
+  check_plain(layer(x));
+  layer->set_policy(make_policy(dt::policy_kind::mink));
+  auto y = layer(x);
+  CHECK(dt::live_saved_bytes().sparse > 0);
+  y.sum().backward();
+  CHECK(dt::live_saved_bytes().total() == before);  // freed right after its backward
+}
+
+TEST_CASE(
+    "torch: retain_graph keeps the cache for a second backward; without it LibTorch refuses") {
+  torch::manual_seed(13);
+  dt::Linear layer(8, 3, make_policy(dt::policy_kind::mink, 0.5));
+  auto x = torch::randn({4, 8});
+  auto loss = layer(x).pow(2).sum();
+  loss.backward({}, /*retain_graph=*/true);
+  auto once = layer->weight.grad().clone();
+  loss.backward();
+  CHECK(rel_diff(layer->weight.grad(), 2 * once) <= 1e-6);
+  CHECK_THROWS(loss.backward());
+}
+
+// ---- modules and to_dropit -------------------------------------------------------------------
+
+struct NetImpl : nn::Module {
+  NetImpl() {
+    features = register_module("features",
+                               nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 4, 3).padding(1)),
+                                              nn::MaxPool2d(2), nn::ReLU(), nn::Flatten()));
+    heads = register_module("heads", nn::ModuleList(nn::Linear(4 * 4 * 4, 8), nn::Linear(8, 3)));
+    member = register_module("member", nn::Linear(3, 2));  // called by forward: not replaceable
+    own = register_module("own", dt::Linear(2, 2));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = features->forward(x);
+    for (const auto& h : *heads)
+      x = h->as<dt::LinearImpl>() ? h->as<dt::LinearImpl>()->forward(x)
+                                  : h->as<nn::LinearImpl>()->forward(x);
+    return own(member(x));
+  }
+  nn::Sequential features{nullptr};
+  nn::ModuleList heads{nullptr};
+  nn::Linear member{nullptr};
+  dt::Linear own{nullptr};
+};
+TORCH_MODULE(Net);
+
+TEST_CASE("torch: to_dropit replaces Sequential/ModuleList children, shares their parameters") {
+  torch::manual_seed(14);
+  Net net;
+  auto x = torch::randn({2, 1, 8, 8});
+  net->eval();
+  const auto y_before = net(x);
+  const auto params_before = net->parameters();
+  torch::optim::SGD sgd(params_before, 0.1);  // built before the conversion
+
+  const auto report = dt::to_dropit(*net, make_policy(dt::policy_kind::mink));
+  CHECK(report.replaced == 5);  // conv, pool, relu, two heads
+  CHECK(report.switched == 6);  // those five plus `own`
+  CHECK(report.excluded == 0);
+  CHECK(net->features[0]->as<dt::Conv2dImpl>() != nullptr);
+  CHECK(net->features[1]->as<dt::MaxPool2dImpl>() != nullptr);
+  CHECK(net->features[2]->as<dt::ReLUImpl>() != nullptr);
+  CHECK(net->features[3]->as<nn::FlattenImpl>() != nullptr);
+  CHECK(net->heads[0]->as<dt::LinearImpl>() != nullptr);
+  CHECK(net->heads->ptr<dt::LinearImpl>(1) != nullptr);
+  CHECK(dynamic_cast<dt::layer*>(net->member.ptr().get()) == nullptr);  // a named member: kept
+  CHECK(net->own->get_policy().kind == dt::policy_kind::mink);
+
+  // The same parameter tensors, in the same order; the same function in eval mode.
+  const auto params_after = net->parameters();
+  REQUIRE(params_after.size() == params_before.size());
+  for (std::size_t i = 0; i < params_after.size(); ++i) {
+    CHECK(params_after[i].unsafeGetTensorImpl() == params_before[i].unsafeGetTensorImpl());
+  }
+  CHECK(torch::equal(net(x), y_before));
+
+  // Training goes through dropit (the Sequential calls the new layers) and the old optimizer
+  // updates the shared parameters.
+  net->train();
+  const auto w0 = net->features[0]->as<dt::Conv2dImpl>()->weight.clone();
+  auto loss = net(x).sum();
+  CHECK(dt::live_saved_bytes().total() > 0);
+  sgd.zero_grad();
+  loss.backward();
+  sgd.step();
+  CHECK_FALSE(torch::equal(net->features[0]->as<dt::Conv2dImpl>()->weight, w0));
+  CHECK(net->features[0]->as<dt::Conv2dImpl>()->steps() == 1);
+
+  // Switching back to none: every dropit layer runs the plain op; nothing is replaced back.
+  const auto off = dt::to_dropit(*net, {});
+  CHECK(off.replaced == 0);
+  CHECK(off.switched == 6);
+}
+
+TEST_CASE("torch: to_dropit honours exclusions and the masks option") {
+  nn::Sequential seq(nn::Linear(4, 4), nn::ReLU(), nn::Linear(4, 2));
+  dt::convert_options options;
+  options.masks = false;
+  options.exclude = [](const std::string& path, const nn::Module&) { return path == "2"; };
+  const auto report = dt::to_dropit(*seq, make_policy(dt::policy_kind::mink), options);
+  CHECK(report.replaced == 1);
+  CHECK(seq[0]->as<dt::LinearImpl>() != nullptr);
+  CHECK(seq[1]->as<dt::ReLUImpl>() == nullptr);
+  CHECK(seq[2]->as<dt::LinearImpl>() == nullptr);
+  // An opted-out dropit layer keeps its policy.
+  seq[0]->as<dt::LinearImpl>()->exclude();
+  const auto again = dt::to_dropit(*seq, make_policy(dt::policy_kind::random, 0.5));
+  CHECK(again.excluded == 1);
+  CHECK(seq[0]->as<dt::LinearImpl>()->get_policy().kind == dt::policy_kind::mink);
+}
+
+TEST_CASE(
+    "torch: dropit modules match their torch::nn counterparts (options, init, clone, print)") {
+  torch::manual_seed(15);
+  nn::Linear plain(5, 3);
+  torch::manual_seed(15);
+  dt::Linear ours(5, 3);
+  CHECK(torch::equal(plain->weight, ours->weight));  // the same initialisation
+  CHECK(torch::equal(plain->bias, ours->bias));
+  ours->set_policy(make_policy(dt::policy_kind::mink, 0.75));
+  auto copy = std::dynamic_pointer_cast<dt::LinearImpl>(ours->clone());
+  REQUIRE(copy);
+  CHECK(copy->get_policy().gamma == 0.75);
+  CHECK(torch::equal(copy->weight, ours->weight));
+  CHECK(copy->weight.data_ptr() != ours->weight.data_ptr());
+  std::ostringstream s;
+  s << *ours;
+  CHECK(s.str() ==
+        "dropit::torch::Linear(in_features=5, out_features=3, bias=true, policy=mink(0.75))");
+
+  dt::Conv2d conv(nn::Conv2dOptions(2, 3, 3).padding(1).bias(false));
+  std::ostringstream sc;
+  sc << *conv;
+  CHECK(sc.str().rfind("dropit::torch::Conv2d(2, 3, kernel_size=[3, 3]", 0) == 0);
+  CHECK(!conv->bias.defined());
+
+  dt::Conv1D c1d(12, 8);
+  CHECK(c1d->weight.sizes() == torch::IntArrayRef({8, 12}));
+  CHECK(torch::equal(c1d->bias, torch::zeros({12})));
+  CHECK(std::abs(c1d->weight.std().item<double>() - 0.02) < 0.01);
+  CHECK(c1d(torch::randn({3, 8})).sizes() == torch::IntArrayRef({3, 12}));
+
+  // A Sequential of dropit layers trains.
+  nn::Sequential seq(dt::Conv2d(nn::Conv2dOptions(1, 2, 3), make_policy(dt::policy_kind::mink)),
+                     dt::ReLU(make_policy(dt::policy_kind::mink)), nn::Flatten(),
+                     dt::Linear(2 * 4 * 4, 2, make_policy(dt::policy_kind::mink)));
+  auto out = seq->forward(torch::randn({3, 1, 6, 6}));
+  out.sum().backward();
+  for (const auto& p : seq->parameters())
+    CHECK(p.grad().defined());
+}
+
+TEST_CASE("torch: Conv2d padding modes and 'same' go through dropit like LibTorch's module") {
+  for (int mode = 0; mode < 4; ++mode) {
+    CAPTURE(mode);
+    auto options = nn::Conv2dOptions(2, 3, {3, 4}).padding(1);
+    if (mode == 1) options.padding_mode(torch::kReflect);
+    if (mode == 2) options.padding_mode(torch::kCircular);
+    if (mode == 3) options.padding(torch::kSame);  // asymmetric for the even kernel width
+    torch::manual_seed(16);
+    nn::Conv2d plain(options);
+    dt::Conv2d ours(options, make_policy(dt::policy_kind::identity));
+    {
+      torch::NoGradGuard no_grad;
+      ours->weight.copy_(plain->weight);
+      ours->bias.copy_(plain->bias);
+    }
+    auto x = torch::randn({2, 2, 7, 7});
+    auto xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
+    auto ya = ours(xa), yb = plain(xb);
+    CHECK(rel_diff(ya, yb) <= 1e-6);
+    ya.pow(2).sum().backward();
+    yb.pow(2).sum().backward();
+    CHECK(rel_diff(xa.grad(), xb.grad()) <= 1e-6);
+    CHECK(rel_diff(ours->weight.grad(), plain->weight.grad()) <= 1e-6);
+    CHECK(ours->steps() == 1);
+  }
+}
+
+// ---- errors ----------------------------------------------------------------------------------
+
+TEST_CASE("torch: bad input gives a dropit::error naming the problem") {
+  CHECK_THROWS_WITH_AS((void)dt::policy::parse("topk"), doctest::Contains("unknown kind 'topk'"),
+                       dropit::error);
+  CHECK_THROWS_WITH_AS((void)dt::policy::parse("mink", 1.5), doctest::Contains("got 1.5"),
+                       dropit::error);
+  CHECK_THROWS_AS(dt::Linear(4, 2, make_policy(dt::policy_kind::mink, -0.1)), dropit::error);
+  // A dtype LibTorch's op supports but dropit does not pack.
+  auto xz = torch::randn({3, 4}, torch::kComplexFloat);
+  auto wz = torch::randn({2, 4}, torch::kComplexFloat).requires_grad_(true);
+  CHECK_THROWS_WITH_AS(dt::linear(xz, wz, {}, make_policy(dt::policy_kind::mink)),
+                       doctest::Contains("no dropit element type for dtype ComplexFloat"),
+                       dropit::error);
+  // A device without an executor (LibTorch's meta device stands in for CUDA here).
+  auto xm = torch::empty({3, 4}, torch::TensorOptions().device(torch::kMeta));
+  auto wm = torch::empty({2, 4}, torch::TensorOptions().device(torch::kMeta)).requires_grad_(true);
+  CHECK_THROWS_WITH_AS(dt::linear(xm, wm, {}, make_policy(dt::policy_kind::mink)),
+                       doctest::Contains("only the host executor"), dropit::error);
+  CHECK_THROWS_WITH_AS(dt::max_pool2d(torch::randn({1, 1, 4, 4}, torch::requires_grad()),
+                                      {.kernel = {2, 2}, .padding = {2, 0}}),
+                       doctest::Contains("padding"), dropit::error);
+  CHECK_THROWS_WITH_AS(dt::gpt2_conv1d(torch::randn({2, 5}), torch::randn({4, 3}), {}, {}),
+                       doctest::Contains("nx = 4"), dropit::error);
+  CHECK_THROWS_AS(dt::Conv1D(0, 3), dropit::error);
+}
+
+}  // namespace

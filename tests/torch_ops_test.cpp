@@ -1,0 +1,327 @@
+// The LibTorch adapter's mask-saving ops (ReLU, MaxPool2d) against LibTorch's own, the counting
+// allocator on known allocation patterns, and the payload memory resource.
+#include <dropit/torch.hpp>
+
+#include "torch_test_support.hpp"
+#include <doctest/doctest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using namespace dropit_torch_test;
+namespace dt = dropit::torch;
+
+const torch_threads two_threads;
+
+/// Output and input gradient of f(x) against a fixed random output gradient.
+template <class F>
+std::pair<torch::Tensor, torch::Tensor> forward_backward(const F& f, const torch::Tensor& x0) {
+  auto x = x0.detach().clone().requires_grad_(true);
+  auto y = f(x);
+  torch::manual_seed(77);
+  auto g = torch::randn(y.sizes(), torch::kFloat).to(y.scalar_type());
+  y.backward(g);
+  return {y.detach(), x.grad()};
+}
+
+/// Exact equality, NaNs in the same places counting as equal.
+bool same(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+  const auto nan_a = a.isnan(), nan_b = b.isnan();
+  return torch::equal(nan_a, nan_b) &&
+         torch::equal(a.masked_fill(nan_a, 0), b.masked_fill(nan_b, 0));
+}
+
+// ---- ReLU ------------------------------------------------------------------------------------
+
+TEST_CASE("torch: mask ReLU output and gradient equal LibTorch's, zeros and NaN included") {
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+    CAPTURE(dtype);
+    torch::manual_seed(1);
+    // Integer-valued data: many exact zeros (relu's gradient at 0 is 0), -0.0, and a NaN.
+    auto x = torch::randint(-3, 4, {5, 7, 33}, torch::kFloat);
+    x.view({-1})[0] = -0.0f;
+    x.view({-1})[1] = std::numeric_limits<float>::quiet_NaN();
+    x.view({-1})[2] = -std::numeric_limits<float>::infinity();
+    x = x.to(dtype);
+    REQUIRE(x.eq(0).sum().item<std::int64_t>() > 100);
+    auto [y, gx] = forward_backward([](const torch::Tensor& t) { return dt::relu(t); }, x);
+    auto [ry, rgx] = forward_backward([](const torch::Tensor& t) { return torch::relu(t); }, x);
+    CHECK(same(y, ry));
+    CHECK(same(gx, rgx));
+    CHECK(gx.masked_select(x.eq(0)).abs().sum().item<double>() == 0.0);
+  }
+}
+
+TEST_CASE("torch: mask ReLU keeps strides (channels-last, transposed views) and works in place") {
+  torch::manual_seed(2);
+  auto base = torch::randn({2, 3, 5, 4});
+  auto cl = base.contiguous(torch::MemoryFormat::ChannelsLast);
+  auto [y, gx] = forward_backward([](const torch::Tensor& t) { return dt::relu(t); }, cl);
+  auto [ry, rgx] = forward_backward([](const torch::Tensor& t) { return torch::relu(t); }, cl);
+  CHECK(y.is_contiguous(torch::MemoryFormat::ChannelsLast));
+  CHECK(same(y, ry));
+  CHECK(same(gx, rgx));
+  auto tr = torch::randn({6, 9}).t();  // not dense in memory order: goes through a copy
+  auto [ty, tgx] = forward_backward([](const torch::Tensor& t) { return dt::relu(t); }, tr);
+  auto [rty, rtgx] = forward_backward([](const torch::Tensor& t) { return torch::relu(t); }, tr);
+  CHECK(same(ty, rty));
+  CHECK(same(tgx, rtgx));
+
+  // In place: on a non-leaf, the input's memory is reused and the mask is all that is saved.
+  auto x = torch::randn({1000}).requires_grad_(true);
+  auto h = x * 1.0;
+  const void* storage = h.data_ptr();
+  const auto masks_before = dt::live_saved_bytes().masks;
+  auto out = dt::relu_(h);
+  CHECK(out.data_ptr() == storage);
+  CHECK(dt::live_saved_bytes().masks - masks_before == (1000 + 31) / 32 * 4);
+  out.sum().backward();
+  CHECK(torch::equal(x.grad(), x.detach().gt(0).to(torch::kFloat)));
+  CHECK(dt::live_saved_bytes().masks == masks_before);
+  // The module honours inplace in training and in eval mode.
+  dt::ReLU inplace(torch::nn::ReLUOptions().inplace(true), make_policy(dt::policy_kind::mink));
+  auto h2 = x * 1.0;
+  CHECK(inplace(h2).data_ptr() == h2.data_ptr());
+}
+
+/// Bytes that stay allocated while the graph of op(x * 1) is alive and every tensor handle but the
+/// graph's output sum is dropped: what the op saved for backward (plus the 4-byte sum).
+template <class Op>
+std::size_t graph_bytes(dt::counting_allocator& counter, const torch::Tensor& x, const Op& op) {
+  const auto base = counter.current_bytes();
+  torch::Tensor z;
+  {
+    auto h = x * 1.0;
+    z = op(h).sum();
+  }
+  return counter.current_bytes() - base - static_cast<std::size_t>(z.nbytes());
+}
+
+TEST_CASE("torch: mask ReLU saves 1 bit per element; LibTorch's saves its dense output") {
+  dt::counting_allocator counter;
+  dt::cpu_allocator_guard install(counter);
+  auto x = torch::randn({1 << 16}).requires_grad_(true);
+  const auto ours = graph_bytes(counter, x, [](const torch::Tensor& h) { return dt::relu(h); });
+  const auto theirs =
+      graph_bytes(counter, x, [](const torch::Tensor& h) { return torch::relu(h); });
+  CHECK(ours == (1u << 16) / 8);
+  CHECK(theirs == (1u << 16) * 4);
+  MESSAGE("ReLU saved bytes for 65536 floats: dropit " << ours << ", LibTorch " << theirs);
+}
+
+TEST_CASE("torch: mask ReLU's backward reuses a gradient only the engine holds, never a held one") {
+  CHECK(dt::detail::engine_owned_use_count() > 0);
+  dt::counting_allocator counter;
+  dt::cpu_allocator_guard install(counter);
+  auto x = torch::randn({4096}).requires_grad_(true);
+  auto allocations_in_backward = [&](auto relu) {
+    auto y = (relu(x * 1.0) * 2.0).sum();
+    const auto before = counter.allocations();
+    y.backward();
+    return counter.allocations() - before;
+  };
+  const auto ours = allocations_in_backward([](const torch::Tensor& h) { return dt::relu(h); });
+  const auto ours_grad = x.grad().clone();
+  x.grad().zero_();
+  const auto theirs =
+      allocations_in_backward([](const torch::Tensor& h) { return torch::relu(h); });
+  CHECK(ours + 1 == theirs);  // LibTorch's threshold_backward allocates; ours overwrites
+  CHECK(torch::equal(ours_grad, x.grad()));
+
+  // retain_grad holds the incoming gradient: it must come out unmasked, and the result correct.
+  x.grad().zero_();
+  auto r = dt::relu(x * 1.0);
+  r.retain_grad();
+  (r * 2.0).sum().backward();
+  CHECK(torch::equal(r.grad(), torch::full({4096}, 2.0f)));
+  CHECK(torch::equal(x.grad(), ours_grad));
+}
+
+TEST_CASE("torch: the half-precision mask ReLU matches float ReLU") {
+  torch::manual_seed(3);
+  auto x = torch::randn({300}).to(torch::kHalf);
+  auto [y, gx] = forward_backward([](const torch::Tensor& t) { return dt::relu(t); }, x);
+  auto xf = x.to(torch::kFloat);
+  CHECK(torch::equal(y.to(torch::kFloat), torch::relu(xf)));
+  CHECK(torch::equal(gx.ne(0), xf.gt(0)));
+}
+
+// ---- MaxPool2d -------------------------------------------------------------------------------
+
+TEST_CASE("torch: mask max-pool output and gradient equal LibTorch's, ties and NaN included") {
+  struct pool_case {
+    std::int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+    bool ceil;
+  };
+  const std::vector<pool_case> cases = {
+      {2, 2, 2, 2, 0, 0, 1, 1, false},  // the fast path
+      {3, 3, 2, 2, 1, 1, 1, 1, false},  // overlapping windows, padding
+      {3, 3, 2, 2, 1, 1, 1, 1, true},   // ceil mode
+      {2, 3, 1, 2, 1, 1, 2, 1, false},  // dilation, rectangular
+      {4, 4, 4, 4, 0, 2, 1, 1, true},   // 16-cell windows: 4-bit codes
+      {1, 1, 1, 1, 0, 0, 1, 1, false},  // a 1-cell window
+      {5, 5, 1, 1, 2, 2, 1, 1, false},  // 25 cells: 8-bit codes
+  };
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+    for (const auto& c : cases) {
+      for (bool three_d : {false, true}) {
+        CAPTURE(dtype);
+        CAPTURE(c.kh);
+        CAPTURE(c.kw);
+        CAPTURE(c.sh);
+        CAPTURE(c.ph);
+        CAPTURE(c.dh);
+        CAPTURE(c.ceil);
+        CAPTURE(three_d);
+        torch::manual_seed(4);
+        // Few distinct values: many ties inside windows; plus a NaN and -inf cells.
+        auto x = torch::randint(-2, 3,
+                                three_d ? std::vector<std::int64_t>{3, 13, 11}
+                                        : std::vector<std::int64_t>{2, 3, 13, 11},
+                                torch::kFloat);
+        x.view({-1})[5] = std::numeric_limits<float>::quiet_NaN();
+        x.view({-1})[40] = -std::numeric_limits<float>::infinity();
+        x = x.to(dtype);
+        dt::max_pool2d_params params;
+        params.kernel = {c.kh, c.kw};
+        params.stride = {c.sh, c.sw};
+        params.padding = {c.ph, c.pw};
+        params.dilation = {c.dh, c.dw};
+        params.ceil_mode = c.ceil;
+        auto [y, gx] =
+            forward_backward([&](const torch::Tensor& t) { return dt::max_pool2d(t, params); }, x);
+        auto [ry, rgx] = forward_backward(
+            [&](const torch::Tensor& t) {
+              return torch::max_pool2d(t, {c.kh, c.kw}, {c.sh, c.sw}, {c.ph, c.pw}, {c.dh, c.dw},
+                                       c.ceil);
+            },
+            x);
+        CHECK(same(y, ry));
+        CHECK(same(gx, rgx));
+      }
+    }
+  }
+}
+
+TEST_CASE("torch: mask max-pool saves 2 bits per 2x2 window instead of input + int64 indices") {
+  dt::counting_allocator counter;
+  dt::cpu_allocator_guard install(counter);
+  auto x = torch::randn({4, 8, 32, 32}).requires_grad_(true);
+  const auto ours =
+      graph_bytes(counter, x, [](const torch::Tensor& h) { return dt::max_pool2d(h, {}); });
+  const auto theirs =
+      graph_bytes(counter, x, [](const torch::Tensor& h) { return torch::max_pool2d(h, 2); });
+  CHECK(ours == 32 * 16 * 4);  // 32 planes of 16x16 outputs at 2 bits: 16 words per plane
+  CHECK(theirs == 4 * 8 * 32 * 32 * 4 + 4 * 8 * 16 * 16 * 8);  // dense input + int64 indices
+  MESSAGE("2x2 max-pool saved bytes: dropit " << ours << ", LibTorch " << theirs);
+}
+
+TEST_CASE("torch: eval mode runs LibTorch's ReLU and max-pool") {
+  dt::ReLU relu(make_policy(dt::policy_kind::mink));
+  dt::MaxPool2d pool(torch::nn::MaxPool2dOptions(2), make_policy(dt::policy_kind::mink));
+  relu->eval();
+  pool->eval();
+  auto x = torch::randn({1, 2, 4, 4}, torch::requires_grad());
+  const auto before = dt::live_saved_bytes().masks;
+  auto y = pool(relu(x));
+  CHECK(dt::live_saved_bytes().masks == before);
+  CHECK(torch::equal(y, torch::max_pool2d(torch::relu(x), 2)));
+}
+
+// ---- the counting allocator ------------------------------------------------------------------
+
+TEST_CASE("counting_allocator: current, peak and allocation count on a known pattern") {
+  dt::counting_allocator counter;
+  CHECK(counter.current_bytes() == 0);
+  CHECK(counter.peak_bytes() == 0);
+  {
+    auto a = counter.allocate(1000);
+    auto b = counter.allocate(3000);
+    CHECK(counter.current_bytes() == 4000);
+    CHECK(counter.peak_bytes() == 4000);
+    a.clear();
+    CHECK(counter.current_bytes() == 3000);
+    auto c = counter.allocate(500);
+    CHECK(counter.current_bytes() == 3500);
+    CHECK(counter.peak_bytes() == 4000);
+    CHECK(counter.reset_peak() == 3500);
+    CHECK(counter.peak_bytes() == 3500);
+    auto d = counter.allocate(2000);
+    CHECK(counter.peak_bytes() == 5500);
+    auto zero = counter.allocate(0);  // not an allocation
+    CHECK(zero.get() == nullptr);
+    CHECK(counter.allocations() == 4);
+  }
+  CHECK(counter.current_bytes() == 0);
+  CHECK(counter.peak_bytes() == 5500);
+
+  // raw_allocate / raw_deallocate, as oneDNN uses them.
+  void* p = counter.raw_allocate(4096);
+  CHECK(counter.current_bytes() == 4096);
+  counter.raw_deallocate(p);
+  CHECK(counter.current_bytes() == 0);
+}
+
+TEST_CASE("counting_allocator: installed, it counts LibTorch's tensors, which may outlive it") {
+  torch::Tensor survivor;
+  {
+    dt::counting_allocator counter;
+    dt::cpu_allocator_guard install(counter);
+    CHECK(c10::GetCPUAllocator() == &counter);
+    const auto before = counter.reset_peak();
+    {
+      auto a = torch::empty({1024}, torch::kFloat);  // 4 KiB
+      auto b = torch::empty({256}, torch::kDouble);  // 2 KiB
+      CHECK(counter.current_bytes() - before == 6144);
+      survivor = torch::empty({100}, torch::kFloat);
+    }
+    CHECK(counter.current_bytes() - before == 400);
+    CHECK(counter.peak_bytes() - before == 6544);
+  }
+  CHECK(c10::GetCPUAllocator() != nullptr);
+  CHECK(dynamic_cast<dt::counting_allocator*>(c10::GetCPUAllocator()) == nullptr);
+  survivor.fill_(1.0f);  // still valid; freed through the counting deleter below
+  survivor = torch::Tensor();
+
+  // A raw block from before the install is freed through LibTorch's default allocator.
+  void* early = c10::GetCPUAllocator()->raw_allocate(128);
+  dt::counting_allocator counter;
+  dt::cpu_allocator_guard install(counter);
+  c10::GetCPUAllocator()->raw_deallocate(early);
+  CHECK(counter.current_bytes() == 0);
+  CHECK_THROWS_AS(dt::counting_allocator{&counter}, dropit::error);
+  CHECK_THROWS_AS(dt::counting_allocator{nullptr}, dropit::error);
+}
+
+TEST_CASE("cpu_resource: dropit payloads come from LibTorch's allocator and are counted") {
+  dt::counting_allocator counter;
+  dt::cpu_allocator_guard install(counter);
+  auto& mr = dt::cpu_resource();
+  void* p = mr.allocate(1000, 64);
+  CHECK(reinterpret_cast<std::uintptr_t>(p) % 64 == 0);
+  CHECK(counter.current_bytes() == 1000 + dt::cpu_memory_resource::max_alignment);
+  mr.deallocate(p, 1000, 64);
+  CHECK(counter.current_bytes() == 0);
+  CHECK_THROWS_AS((void)mr.allocate(16, 128), dropit::error);
+
+  // A packed layer input: its payload is inside the allocator's count.
+  dt::Linear layer(256, 4, make_policy(dt::policy_kind::mink, 0.9));
+  auto x = torch::randn({64, 256});
+  const auto base = counter.current_bytes();
+  auto y = layer(x);
+  const auto sparse = dt::live_saved_bytes().sparse;
+  CHECK(sparse > 0);
+  CHECK(counter.current_bytes() - base >= sparse + static_cast<std::size_t>(y.nbytes()));
+  // 16384 floats at gamma 0.9: 1639 values + 512 mask words + 16 block offsets (format.hpp).
+  CHECK(sparse == dropit::make_layout(16384, 1639, sizeof(float)).total_bytes);
+  y.sum().backward();
+  CHECK(dt::live_saved_bytes().sparse == 0);
+}
+
+}  // namespace
