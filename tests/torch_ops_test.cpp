@@ -161,6 +161,7 @@ TEST_CASE("torch: mask max-pool output and gradient equal LibTorch's, ties and N
   };
   const std::vector<pool_case> cases = {
       {2, 2, 2, 2, 0, 0, 1, 1, false},  // the fast path
+      {2, 2, 2, 2, 0, 0, 1, 1, true},   // ceil mode: last windows stick out of the odd sizes
       {3, 3, 2, 2, 1, 1, 1, 1, false},  // overlapping windows, padding
       {3, 3, 2, 2, 1, 1, 1, 1, true},   // ceil mode
       {2, 3, 1, 2, 1, 1, 2, 1, false},  // dilation, rectangular
@@ -205,6 +206,41 @@ TEST_CASE("torch: mask max-pool output and gradient equal LibTorch's, ties and N
         CHECK(same(y, ry));
         CHECK(same(gx, rgx));
       }
+    }
+  }
+}
+
+TEST_CASE("torch: the 2x2 mask max-pool and the mask ReLU match LibTorch on wide planes") {
+  // Planes wide enough for the vectorised groups of four windows and whole mask words, odd sizes
+  // for the tails and the uncovered last row and column, NaNs in every lane position.
+  for (auto sizes :
+       {std::vector<std::int64_t>{2, 3, 28, 28}, std::vector<std::int64_t>{1, 2, 29, 31},
+        std::vector<std::int64_t>{3, 1, 17, 70}}) {
+    for (auto dtype : {torch::kFloat, torch::kDouble}) {
+      CAPTURE(sizes);
+      CAPTURE(dtype);
+      torch::manual_seed(11);
+      auto x = torch::randint(-3, 4, sizes, torch::kFloat);
+      auto flat = x.view({-1});
+      for (std::int64_t i = 3; i < flat.numel(); i += 37)
+        flat[i] = std::numeric_limits<float>::quiet_NaN();
+      for (std::int64_t i = 5; i < flat.numel(); i += 41)
+        flat[i] = -std::numeric_limits<float>::infinity();
+      flat[1] = -0.0f;
+      x = x.to(dtype);
+      auto [y, gx] = forward_backward(
+          [](const torch::Tensor& t) { return dt::max_pool2d(t, dt::max_pool2d_params{}); }, x);
+      auto [ry, rgx] = forward_backward(
+          [](const torch::Tensor& t) {
+            return torch::max_pool2d(t, {2, 2});
+          },
+          x);
+      CHECK(same(y, ry));
+      CHECK(same(gx, rgx));
+      auto [ly, lgx] = forward_backward([](const torch::Tensor& t) { return dt::relu(t); }, x);
+      auto [rly, rlgx] = forward_backward([](const torch::Tensor& t) { return torch::relu(t); }, x);
+      CHECK(same(ly, rly));
+      CHECK(same(lgx, rlgx));
     }
   }
 }

@@ -5,9 +5,13 @@
  * convention: bit j of 32-bit word w describes element 32 w + j.
  *
  * The loops are branch-free (a select is a bitwise AND with an all-ones or all-zeros word), so
- * they run at memory speed whatever the sign pattern of the data, without -march flags.
+ * they run at memory speed whatever the sign pattern of the data; fp32 takes SSE2 paths
+ * (kernels_sse2.hpp) for whole mask words and groups of four pooling windows, without -march
+ * flags.
  */
 #pragma once
+
+#include <dropit/detail/torch/kernels_sse2.hpp>
 
 #include <ATen/Parallel.h>
 
@@ -44,6 +48,18 @@ inline T keep_or_zero(T v, std::uint32_t keep) noexcept {
 /// Words per parallel task of the mask kernels (32 Ki elements).
 inline constexpr std::int64_t mask_grain_words = 1024;
 
+/// The outputs and mask of elements [base, base + count) of a ReLU, count <= 32.
+template <class T>
+inline std::uint32_t relu_word(const T* xs, T* ys, int count) noexcept {
+  std::uint32_t m = 0;
+  for (int j = 0; j < count; ++j) {
+    const std::uint32_t pass = !(static_cast<acc_t<T>>(xs[j]) <= acc_t<T>(0));
+    ys[j] = keep_or_zero(xs[j], pass);
+    m |= pass << j;
+  }
+  return m;
+}
+
 /// y = relu(x) and the mask !(x <= 0) (x > 0, or NaN: where LibTorch passes the gradient).
 template <class T>
 void relu_mask_forward(const T* x, T* y, std::uint32_t* words, std::int64_t n) {
@@ -52,15 +68,15 @@ void relu_mask_forward(const T* x, T* y, std::uint32_t* words, std::int64_t n) {
     for (std::int64_t w = w0; w < w1; ++w) {
       const std::int64_t base = w * 32;
       const int count = static_cast<int>(std::min<std::int64_t>(32, n - base));
-      const T* xs = x + base;
-      T* ys = y + base;
-      std::uint32_t m = 0;
-      for (int j = 0; j < count; ++j) {
-        const std::uint32_t pass = !(static_cast<acc_t<T>>(xs[j]) <= acc_t<T>(0));
-        ys[j] = keep_or_zero(xs[j], pass);
-        m |= pass << j;
+#if DROPIT_TORCH_SSE2
+      if constexpr (std::is_same_v<T, float>) {
+        if (count == 32) {
+          words[w] = relu_word_sse2(x + base, y + base);
+          continue;
+        }
       }
-      words[w] = m;
+#endif
+      words[w] = relu_word(x + base, y + base, count);
     }
   });
 }
@@ -74,6 +90,14 @@ void relu_mask_backward(const T* g, const std::uint32_t* words, T* gx, std::int6
       const std::int64_t base = w * 32;
       const int count = static_cast<int>(std::min<std::int64_t>(32, n - base));
       const std::uint32_t m = words[w];
+#if DROPIT_TORCH_SSE2
+      if constexpr (std::is_same_v<T, float>) {
+        if (count == 32) {
+          relu_backward_word_sse2(g + base, m, gx + base);
+          continue;
+        }
+      }
+#endif
       for (int j = 0; j < count; ++j)
         gx[base + j] = keep_or_zero(g[base + j], m >> j & 1u);
     }
@@ -91,9 +115,11 @@ struct pool_geometry {
 
   [[nodiscard]] std::int64_t plane_words() const noexcept { return (oh * ow * bits + 31) / 32; }
   [[nodiscard]] std::int64_t code_words() const noexcept { return planes * plane_words(); }
-  /// The 2x2, stride 2, unpadded, undilated window (the fast path).
+  /// The 2x2, stride 2, unpadded, undilated window, every window inside the input (the fast
+  /// path; ceil mode on an odd size makes a last window that sticks out).
   [[nodiscard]] bool is_2x2() const noexcept {
-    return kh == 2 && kw == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0 && dh == 1 && dw == 1;
+    return kh == 2 && kw == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0 && dh == 1 && dw == 1 &&
+           2 * oh <= h && 2 * ow <= w;
   }
 };
 
@@ -114,31 +140,6 @@ struct pool_geometry {
   if (ceil_mode && (out - 1) * stride >= in + pad) --out;
   return out;
 }
-
-/// Appends `bits`-bit codes to consecutive words.
-class code_writer {
- public:
-  code_writer(std::uint32_t* out, int bits) noexcept : out_(out), bits_(bits) {}
-  void put(std::uint32_t code) noexcept {
-    word_ |= code << fill_;
-    fill_ += bits_;
-    if (fill_ == 32) flush();
-  }
-  void finish() noexcept {
-    if (fill_ != 0) flush();
-  }
-
- private:
-  void flush() noexcept {
-    *out_++ = word_;
-    word_ = 0;
-    fill_ = 0;
-  }
-  std::uint32_t* out_;
-  int bits_;
-  std::uint32_t word_ = 0;
-  int fill_ = 0;
-};
 
 /// The maximum of one window and its window-relative position, scanning as LibTorch's CPU kernel
 /// does: row-major, first strict maximum, a NaN always replaces (so the last NaN wins).
@@ -171,40 +172,59 @@ inline void pool_window(const T* plane, const pool_geometry& g, std::int64_t oy,
   code = static_cast<std::uint32_t>((best_y - y0) / g.dh * g.kw + (best_x - x0) / g.dw);
 }
 
+/// The maximum of one 2x2 window (rows r0, r1) and its position, as `pool_window` finds them.
+template <class T>
+inline std::uint32_t pool2x2(const T* r0, const T* r1, T& out) noexcept {
+  using A = acc_t<T>;
+  const A c[4] = {static_cast<A>(r0[0]), static_cast<A>(r0[1]), static_cast<A>(r1[0]),
+                  static_cast<A>(r1[1])};
+  A best = c[0];  // also right when c[0] is -inf: LibTorch keeps index 0 then
+  std::uint32_t code = 0;
+  for (std::uint32_t k = 1; k < 4; ++k) {
+    const bool take = c[k] > best || c[k] != c[k];
+    best = take ? c[k] : best;
+    code = take ? k : code;
+  }
+  out = static_cast<T>(best);
+  return code;
+}
+
+/// Pools one plane with the 2x2, stride-2 window.
+template <class T>
+void pool2x2_plane(const T* in, T* out, bit_writer& codes, const pool_geometry& g) {
+  for (std::int64_t oy = 0; oy < g.oh; ++oy) {
+    const T* r0 = in + 2 * oy * g.w;
+    const T* r1 = r0 + g.w;
+    T* o = out + oy * g.ow;
+    std::int64_t ox = 0;
+#if DROPIT_TORCH_SSE2
+    if constexpr (std::is_same_v<T, float>) {
+      for (; ox + 4 <= g.ow; ox += 4)
+        codes.put(pool2x2_quad_sse2(r0 + 2 * ox, r1 + 2 * ox, o + ox), 8);
+    }
+#endif
+    for (; ox < g.ow; ++ox)
+      codes.put(pool2x2(r0 + 2 * ox, r1 + 2 * ox, o[ox]), 2);
+  }
+}
+
 /// Pools x (planes x h x w, contiguous) into y and writes each plane's codes.
 template <class T>
 void max_pool_mask_forward(const T* x, T* y, std::uint32_t* codes, const pool_geometry& g) {
-  using A = acc_t<T>;
   const std::int64_t plane_in = g.h * g.w, plane_out = g.oh * g.ow;
   at::parallel_for(0, g.planes, 16, [&](std::int64_t p0, std::int64_t p1) {
     for (std::int64_t p = p0; p < p1; ++p) {
       const T* in = x + p * plane_in;
       T* out = y + p * plane_out;
-      code_writer codes_out(codes + p * g.plane_words(), g.bits);
+      bit_writer codes_out(codes + p * g.plane_words());
       if (g.is_2x2()) {
-        for (std::int64_t oy = 0; oy < g.oh; ++oy) {
-          const T* r0 = in + 2 * oy * g.w;
-          const T* r1 = r0 + g.w;
-          for (std::int64_t ox = 0; ox < g.ow; ++ox) {
-            const A c[4] = {static_cast<A>(r0[2 * ox]), static_cast<A>(r0[2 * ox + 1]),
-                            static_cast<A>(r1[2 * ox]), static_cast<A>(r1[2 * ox + 1])};
-            A best = c[0];  // also right when c[0] is -inf: LibTorch keeps index 0 then
-            std::uint32_t code = 0;
-            for (std::uint32_t k = 1; k < 4; ++k) {
-              const bool take = c[k] > best || c[k] != c[k];
-              best = take ? c[k] : best;
-              code = take ? k : code;
-            }
-            out[oy * g.ow + ox] = static_cast<T>(best);
-            codes_out.put(code);
-          }
-        }
+        pool2x2_plane(in, out, codes_out, g);
       } else {
         for (std::int64_t oy = 0; oy < g.oh; ++oy) {
           for (std::int64_t ox = 0; ox < g.ow; ++ox) {
             std::uint32_t code = 0;
             pool_window(in, g, oy, ox, out[oy * g.ow + ox], code);
-            codes_out.put(code);
+            codes_out.put(code, g.bits);
           }
         }
       }
@@ -213,30 +233,61 @@ void max_pool_mask_forward(const T* x, T* y, std::uint32_t* codes, const pool_ge
   });
 }
 
+/// The gradient of one plane of a 2x2, stride-2 pooling: every cell the windows cover is written
+/// once (the gradient or zero); the cells of an odd last row or column, which no window covers,
+/// are zeroed.
+template <class T>
+void unpool2x2_plane(const T* grad, bit_reader& codes, T* plane, const pool_geometry& g) {
+  for (std::int64_t oy = 0; oy < g.oh; ++oy) {
+    T* r0 = plane + 2 * oy * g.w;
+    T* r1 = r0 + g.w;
+    const T* gr = grad + oy * g.ow;
+    std::int64_t ox = 0;
+#if DROPIT_TORCH_SSE2
+    if constexpr (std::is_same_v<T, float>) {
+      for (; ox + 4 <= g.ow; ox += 4)
+        unpool2x2_quad_sse2(gr + ox, codes.get(8), r0 + 2 * ox, r1 + 2 * ox);
+    }
+#endif
+    for (; ox < g.ow; ++ox) {
+      const std::uint32_t code = codes.get(2);
+      T* cells[4] = {r0 + 2 * ox, r0 + 2 * ox + 1, r1 + 2 * ox, r1 + 2 * ox + 1};
+      for (std::uint32_t k = 0; k < 4; ++k)
+        *cells[k] = k == code ? gr[ox] : T(0);
+    }
+    for (std::int64_t x = 2 * g.ow; x < g.w; ++x)
+      r0[x] = r1[x] = T(0);
+  }
+  std::fill(plane + 2 * g.oh * g.w, plane + g.h * g.w, T(0));
+}
+
 /// gx (planes x h x w) receives each output's gradient at its maximum, zeros elsewhere.
 template <class T>
 void max_pool_mask_backward(const T* gy, const std::uint32_t* codes, T* gx,
                             const pool_geometry& g) {
   using A = acc_t<T>;
-  const std::int64_t per_word = 32 / g.bits;
-  const std::uint32_t code_mask = g.bits == 32 ? ~0u : (1u << g.bits) - 1u;
   const std::int64_t plane_in = g.h * g.w, plane_out = g.oh * g.ow;
   const bool disjoint = g.sh >= (g.kh - 1) * g.dh + 1 && g.sw >= (g.kw - 1) * g.dw + 1;
   at::parallel_for(0, g.planes, 16, [&](std::int64_t p0, std::int64_t p1) {
     for (std::int64_t p = p0; p < p1; ++p) {
       T* plane = gx + p * plane_in;
       const T* grad = gy + p * plane_out;
-      const std::uint32_t* pc = codes + p * g.plane_words();
+      bit_reader pc(codes + p * g.plane_words());
+      if (g.is_2x2()) {
+        unpool2x2_plane(grad, pc, plane, g);
+        continue;
+      }
       std::fill(plane, plane + plane_in, T(0));
-      for (std::int64_t r = 0; r < plane_out; ++r) {
-        const std::uint32_t code = pc[r / per_word] >> (r % per_word * g.bits) & code_mask;
-        const std::int64_t oy = r / g.ow;
-        const std::int64_t ox = r - oy * g.ow;
-        const std::int64_t y = oy * g.sh - g.ph + static_cast<std::int64_t>(code) / g.kw * g.dh;
-        const std::int64_t x = ox * g.sw - g.pw + static_cast<std::int64_t>(code) % g.kw * g.dw;
-        T& cell = plane[y * g.w + x];
-        // Disjoint windows touch each cell at most once: a store. Overlapping ones accumulate.
-        cell = disjoint ? grad[r] : static_cast<T>(static_cast<A>(cell) + static_cast<A>(grad[r]));
+      for (std::int64_t oy = 0; oy < g.oh; ++oy) {
+        for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+          const auto code = static_cast<std::int64_t>(pc.get(g.bits));
+          const std::int64_t y = oy * g.sh - g.ph + code / g.kw * g.dh;
+          const std::int64_t x = ox * g.sw - g.pw + code % g.kw * g.dw;
+          const T gr = grad[oy * g.ow + ox];
+          T& cell = plane[y * g.w + x];
+          // Disjoint windows touch each cell at most once: a store. Overlapping ones accumulate.
+          cell = disjoint ? gr : static_cast<T>(static_cast<A>(cell) + static_cast<A>(gr));
+        }
       }
     }
   });
