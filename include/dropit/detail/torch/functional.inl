@@ -33,12 +33,17 @@ inline void save_input(AutogradContext* ctx, const at::Tensor& x, const at::Tens
   ctx->saved_data["x_sizes"] = x.sizes();
 }
 
-/// How many of `count` slices of `slice_bytes` each fit in one piece (at least 1).
+/// How many of `count` slices of `slice_bytes` each go in one piece: at least 1, at most what fits
+/// in `chunk_bytes()`, and balanced (128 slices of which 55 fit make pieces of 43, 43 and 42, not
+/// 55, 55 and 18: LibTorch's kernels run slower on small pieces).
 [[nodiscard]] inline std::int64_t slices_per_piece(std::int64_t count, std::size_t slice_bytes) {
   const std::size_t piece = chunk_bytes();
-  if (piece == 0 || slice_bytes == 0) return std::max<std::int64_t>(count, 1);
-  return std::clamp<std::int64_t>(static_cast<std::int64_t>(piece / slice_bytes), 1,
-                                  std::max<std::int64_t>(count, 1));
+  count = std::max<std::int64_t>(count, 1);
+  if (piece == 0 || slice_bytes == 0) return count;
+  const std::int64_t fit =
+      std::clamp<std::int64_t>(static_cast<std::int64_t>(piece / slice_bytes), 1, count);
+  const std::int64_t pieces = (count + fit - 1) / fit;
+  return (count + pieces - 1) / pieces;
 }
 
 /// The weight gradient of a matmul layer, g2 [rows, out] against the packed input [rows, in],
