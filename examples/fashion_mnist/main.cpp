@@ -42,7 +42,8 @@ struct options {
   bool masks = true;
   bool relu_mlp = true;
   int threads = 2;
-  double lr = 0.0;  // 0: the model's default
+  double lr = 0.0;           // 0: the model's default
+  long long chunk_kib = -1;  // -1: the library's default piece size
   std::string data = "/usr/share/datasets/fashion-mnist";
 };
 
@@ -91,6 +92,8 @@ options parse(int argc, char** argv) {
         o.relu_mlp = v == "relu";
       } else if (a == "--threads") {
         o.threads = std::stoi(value());
+      } else if (a == "--chunk-kib") {
+        o.chunk_kib = std::stoll(value());
       } else if (a == "--lr") {
         o.lr = std::stod(value());
       } else if (a == "--data") {
@@ -171,6 +174,7 @@ int main(int argc, char** argv) {
     usage(e.what());
   }
   torch::set_num_threads(opt.threads);
+  if (opt.chunk_kib >= 0) dt::set_chunk_bytes(static_cast<std::size_t>(opt.chunk_kib) * 1024);
   torch::manual_seed(opt.seed);
 
   // Every CPU allocation from here on is counted, dropit's payloads included.
