@@ -11,6 +11,7 @@
 #include <map>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 using namespace dropit_test;
@@ -138,8 +139,7 @@ TEST_CASE_TEMPLATE("device: MinK on special inputs" * DROPIT_DEVICE, C, DROPIT_D
   using T = typename C::type;
   INFO(C::name());
   for (const auto& [name, make] : special_inputs<T>()) {
-    for (std::size_t n :
-         {std::size_t{1}, std::size_t{33}, std::size_t{1000}, large / 2}) {
+    for (std::size_t n : {std::size_t{1}, std::size_t{33}, std::size_t{1000}, large / 2}) {
       std::vector<T> x(n);
       for (std::size_t i = 0; i < n; ++i)
         x[i] = make(i);
@@ -562,6 +562,27 @@ TEST_CASE("cuda_error messages name the file, the line, the call and CUDA's erro
   const dropit::cuda_error e(m);
   const dropit::error& base = e;  // a cuda_error is a dropit::error
   CHECK(std::string(base.what()) == m);
+}
+
+TEST_CASE("a failing Thrust algorithm becomes a cuda_error naming where dropit ran it") {
+  auto run = [] {
+    return dropit::detail::dev::translate_errors([]() -> int {
+      throw thrust::system_error(thrust::error_code(3, thrust::system_category()), "sort failed");
+    });
+  };
+  try {
+    (void)run();
+    FAIL("no exception");
+  } catch (const dropit::cuda_error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("dropit: CUDA error at ") == 0);
+    CHECK(m.find("device_test.cpp:") != std::string::npos);  // the call site, with its line
+    CHECK(m.find("in a Thrust algorithm: sort failed") != std::string::npos);
+  }
+  // dropit's own errors pass through unchanged.
+  CHECK_THROWS_WITH_AS(
+      dropit::detail::dev::translate_errors([]() -> int { throw dropit::error("bad input"); }),
+      "bad input", dropit::error);
 }
 
 #if !DROPIT_CUDA_EMULATED

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <source_location>
 
 namespace dropit {
 namespace detail::dev {
@@ -182,15 +183,18 @@ class call_workspace {
   workspace_lease lease_;
 };
 
-/// Re-throws Thrust's CUDA errors as dropit::cuda_error.
+/// Re-throws Thrust's CUDA errors as dropit::cuda_error, naming the dropit call (file and line)
+/// that ran the failing Thrust algorithm.
 template <class F>
-decltype(auto) translate_errors(F&& f) {
+decltype(auto) translate_errors(F&& f,
+                                std::source_location where = std::source_location::current()) {
   try {
     return f();
   } catch (const error&) {
     throw;
   } catch (const thrust::system_error& ex) {
-    throw cuda_error(concat("dropit: CUDA error in a Thrust algorithm: ", ex.what()));
+    throw cuda_error(concat("dropit: CUDA error at ", where.file_name(), ":", where.line(),
+                            " in a Thrust algorithm: ", ex.what()));
   }
 }
 
