@@ -128,20 +128,21 @@ TEST_CASE("cuda: DROPIT_CUDA_TRY throws cuda_error with file, line, call and err
   CHECK(cudaGetLastError() == cudaSuccess);  // the error was cleared
 }
 
-TEST_CASE("cuda: fast and portable kernels write the same payload bytes" * DROPIT_DEVICE) {
+TEST_CASE_TEMPLATE("cuda: fast and portable kernels write the same payload bytes" * DROPIT_DEVICE,
+                   T, DROPIT_TEST_TYPES) {
   test_stream stream;
   const auto fast = dropit::cuda{.stream = stream.get()};
   const auto portable =
       dropit::cuda{.stream = stream.get(), .kernels = dropit::cuda_kernels::portable};
   for (std::size_t n : {std::size_t{1000}, (std::size_t{1} << 20) + 7, std::size_t{5} << 20}) {
-    const auto x = normal_values<__half>(n, 40 + n);
+    const auto x = normal_values<T>(n, 40 + n);
     for (double g : {0.1, 0.5, 0.9, 0.99}) {
       CAPTURE(n);
       CAPTURE(g);
-      CHECK(device_payload<__half>(dropit::MinK<>{g}, x, fast) ==
-            device_payload<__half>(dropit::MinK<>{g}, x, portable));
-      CHECK(device_payload<__half>(dropit::Random<>{g, 4}, x, fast) ==
-            device_payload<__half>(dropit::Random<>{g, 4}, x, portable));
+      CHECK(device_payload<T>(dropit::MinK<>{g}, x, fast) ==
+            device_payload<T>(dropit::MinK<>{g}, x, portable));
+      CHECK(device_payload<T>(dropit::Random<>{g, 4}, x, fast) ==
+            device_payload<T>(dropit::Random<>{g, 4}, x, portable));
     }
   }
 }
