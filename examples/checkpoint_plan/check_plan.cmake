@@ -1,7 +1,7 @@
 # Runs checkpoint_plan and checks what it prints; used by the checkpoint_plan_* tests.
 #   -DEXE=... -DARGS=a|b|c -DEXPECT_COST=N   the JSON plan's "cost" must be N
 #   -DEXE=... -DROUNDTRIP=model -DWORK=dir  --dump, then --graph on the dump == --model
-#   -DEXE=... -DBAD_JSON=1 -DWORK=dir       a syntax error is reported as file:line:column
+#   -DEXE=... -DBAD_JSON=1 -DWORK=dir       a syntax error is reported as file:line:column: key
 #   -DEXE=... -DTABLE=1                     the model table: every model's row, checked against
 #                                           the input sizes and cut-offs the seed published and
 #                                           against the JSON plan of the same model
@@ -55,8 +55,9 @@ elseif(DEFINED BAD_JSON)
   file(WRITE ${WORK}/bad.json "{\"source\": 0, \"target\": 1,\n  \"vertices\": [{\"id\": 0, \"cost\": 1},]\n}\n")
   execute_process(COMMAND ${EXE} --graph ${WORK}/bad.json OUTPUT_VARIABLE out ERROR_VARIABLE err
                   RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 1 OR NOT err MATCHES "bad\\.json:2:37: expected a value, got character '\\]'")
-    message(FATAL_ERROR "expected exit 1 and bad.json:2:37, got ${rc}: ${err}")
+  if(NOT rc EQUAL 1 OR
+     NOT err MATCHES "bad\\.json:2:37: vertices\\[1\\]: expected a value, got character '\\]'")
+    message(FATAL_ERROR "expected exit 1 and bad.json:2:37: vertices[1], got ${rc}: ${err}")
   endif()
   message(STATUS "rejected: ${err}")
 elseif(DEFINED TABLE)
