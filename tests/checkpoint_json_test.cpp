@@ -124,14 +124,55 @@ TEST_CASE("strings: escapes and unicode, read and written") {
   CHECK(again.edge_count() == 2);
 }
 
+TEST_CASE("costs: any finite non-negative number, a fraction rounded up to whole bytes") {
+  auto cost_of = [](const std::string& literal) {
+    const ck::graph g = ck::parse_graph_json(
+        R"({"source": 0, "target": 2, "vertices": [{"id": 0, "cost": 1}, {"id": 1, "cost": )" +
+        literal + R"(}, {"id": 2, "cost": 1}], "edges": [{"u": 0, "v": 1}, {"u": 1, "v": 2}]})");
+    return g.cost(1);
+  };
+  CHECK(cost_of("0") == 0);
+  CHECK(cost_of("-0") == 0);
+  CHECK(cost_of("-0.0") == 0);
+  CHECK(cost_of("0.0") == 0);
+  CHECK(cost_of("0e-400") == 0);
+  CHECK(cost_of("7") == 7);
+  CHECK(cost_of("5.0") == 5);
+  CHECK(cost_of("1e3") == 1000);
+  CHECK(cost_of("1E+3") == 1000);
+  CHECK(cost_of("0.5") == 1);
+  CHECK(cost_of("2.5") == 3);
+  CHECK(cost_of("2.0000001") == 3);
+  CHECK(cost_of("1e-5") == 1);
+  CHECK(cost_of("1e-400") == 1);  // too small for a double, but above zero
+  CHECK(cost_of("0.000001e-320") == 1);
+  CHECK(cost_of("0.5e-400") == 1);
+  CHECK(cost_of("123.5e-999") == 1);
+  CHECK(cost_of("602111.25") == 602112);
+  CHECK(cost_of("1.5e9") == 1500000000);
+  CHECK(cost_of("9223372036854775805") == 9223372036854775805);  // exact; the total is 2^63 - 1
+  CHECK(cost_of("9.2e18") == 9200000000000000000);
+  // A plan is made of the rounded costs: keep "b", recompute {"a"} and {"c"}: 2 + 11.
+  const ck::graph g = ck::parse_graph_json(
+      R"({"source": "s", "target": "t", "vertices": [{"id": "s", "cost": 0.5},
+          {"id": "a", "cost": 10.2}, {"id": "b", "cost": 1.5}, {"id": "c", "cost": 10.1},
+          {"id": "t", "cost": 4.9}], "edges": [{"u": "s", "v": "a"}, {"u": "a", "v": "b"},
+          {"u": "b", "v": "c"}, {"u": "c", "v": "t"}]})");
+  CHECK(g.total_cost() == 1 + 11 + 2 + 11 + 5);
+  const ck::plan p = ck::solve(g);
+  CHECK(p.cost == 13);
+  REQUIRE(p.checkpoints.size() == 1);
+  CHECK(g.id(p.checkpoints[0]) == "b");
+}
+
 TEST_CASE("syntax errors name the line and column") {
   CHECK(error_of("") == "dropit: g.json:1:1: expected a value, got end of input");
   CHECK(error_of("{\"a\": 1,}") == "dropit: g.json:1:9: expected a string key, got character '}'");
-  CHECK(error_of("[1, 2,]") == "dropit: g.json:1:7: expected a value, got character ']'");
-  CHECK(error_of("{\n  \"a\": 01\n}") == "dropit: g.json:2:9: leading zeros are not allowed");
+  CHECK(error_of("[1, 2,]") == "dropit: g.json:1:7: [2]: expected a value, got character ']'");
+  CHECK(error_of("{\n  \"a\": 01\n}") == "dropit: g.json:2:9: a: leading zeros are not allowed");
   CHECK(error_of("{\n\n    \"a\" 1}") ==
         "dropit: g.json:3:9: expected ':' after the key, got character '1'");
-  CHECK(error_of("{\"a\": tru}") == "dropit: g.json:1:7: expected a value, got character 't'");
+  CHECK(error_of("{\"a\": tru}") == "dropit: g.json:1:7: a: expected a value, got character 't'");
   CHECK(error_of("{\"a\": \"x") == "dropit: g.json:1:9: unterminated string");
   CHECK(error_of("{\"a\": \"x\ny\"}") ==
         "dropit: g.json:1:9: control character in a string (escape it)");
@@ -145,12 +186,15 @@ TEST_CASE("syntax errors name the line and column") {
   CHECK(error_of("{\"a\": 1} x") ==
         "dropit: g.json:1:10: unexpected character 'x' after the JSON value");
   CHECK(error_of("{\"a\": 1, \"a\": 2}") == "dropit: g.json:1:10: duplicate key \"a\"");
-  CHECK(error_of("{\"a\": -}") == "dropit: g.json:1:8: expected a digit, got character '}'");
+  CHECK(error_of("{\"a\": -}") == "dropit: g.json:1:8: a: expected a digit, got character '}'");
   CHECK(error_of("{\"a\": 1.}") ==
-        "dropit: g.json:1:9: expected a digit after '.', got character '}'");
+        "dropit: g.json:1:9: a: expected a digit after '.', got character '}'");
   CHECK(error_of("{\"a\": 1e}") ==
-        "dropit: g.json:1:9: expected a digit in the exponent, got character '}'");
-  CHECK(error_of("{\"a\": NaN}") == "dropit: g.json:1:7: expected a value, got character 'N'");
+        "dropit: g.json:1:9: a: expected a digit in the exponent, got character '}'");
+  CHECK(error_of("{\"a\": NaN}") ==
+        "dropit: g.json:1:7: a: expected a finite number, got NaN (not a JSON number)");
+  CHECK(error_of("{\"a\": [{\"b\": -Infinity}]}") ==
+        "dropit: g.json:1:14: a[0].b: expected a finite number, got -Infinity (not a JSON number)");
   CHECK(error_of("{\"a\": [1 2]}") ==
         "dropit: g.json:1:10: expected ',' or ']' in the array, got character '2'");
   CHECK(error_of("{\"a\": 1 \"b\": 2}") ==
@@ -182,18 +226,38 @@ TEST_CASE("schema errors name the key and where it is") {
         "dropit: g.json:2:21: vertices[0].id: expected an integer or a string id, got a boolean");
   CHECK(error_of(doc(R"([{"id": 1.5, "cost": 1}])", es)) ==
         "dropit: g.json:2:21: vertices[0].id: expected an integer or a string id, got 1.5");
+  const std::string bad_cost =
+      "vertices[0].cost: expected a finite non-negative number of bytes (at most 2^63 - 1), got ";
   CHECK(error_of(doc(R"([{"id": 1, "cost": -3}])", es)) ==
-        "dropit: g.json:2:32: vertices[0].cost: expected a non-negative integer (at most 2^63 - "
-        "1), got -3");
-  CHECK(error_of(doc(R"([{"id": 1, "cost": 2.5}])", es))
-            .find("vertices[0].cost: expected a non-negative integer") != std::string::npos);
-  CHECK(
-      error_of(doc(R"([{"id": 1, "cost": 99999999999999999999}])", es)).find("vertices[0].cost") !=
-      std::string::npos);
+        "dropit: g.json:2:32: " + bad_cost + "-3");
+  CHECK(error_of(doc(R"([{"id": 1, "cost": -0.5}])", es)) ==
+        "dropit: g.json:2:32: " + bad_cost + "-0.5");
+  CHECK(error_of(doc(R"([{"id": 1, "cost": -1e-400}])", es)) ==
+        "dropit: g.json:2:32: " + bad_cost + "-1e-400");
+  CHECK(error_of(doc(R"([{"id": 1, "cost": 99999999999999999999}])", es)) ==
+        "dropit: g.json:2:32: " + bad_cost + "99999999999999999999");
+  CHECK(error_of(doc(R"([{"id": 1, "cost": 1e400}])", es)) ==
+        "dropit: g.json:2:32: " + bad_cost + "1e400");
+  CHECK(error_of(doc(R"([{"id": 1, "cost": 0.00001e999}])", es)) ==
+        "dropit: g.json:2:32: " + bad_cost + "0.00001e999");
+  CHECK(error_of(doc(R"([{"id": 1, "cost": 9.3e18}])", es)) ==
+        "dropit: g.json:2:32: " + bad_cost + "9.3e18");
+  CHECK(error_of(doc(R"([{"id": 1, "cost": 9223372036854775807.0}])", es)) ==
+        "dropit: g.json:2:32: " + bad_cost + "9223372036854775807.0");  // 2^63 as a double
+  CHECK(error_of(doc(R"([{"id": 1, "cost": NaN}])", es)) ==
+        "dropit: g.json:2:32: vertices[0].cost: expected a finite number, got NaN (not a JSON "
+        "number)");
+  CHECK(error_of(doc(R"([{"id": 1, "cost": Infinity}])", es)) ==
+        "dropit: g.json:2:32: vertices[0].cost: expected a finite number, got Infinity (not a "
+        "JSON number)");
+  CHECK(error_of(doc(R"([{"id": 1, "cost": -inf}])", es)) ==
+        "dropit: g.json:2:32: vertices[0].cost: expected a finite number, got -inf (not a JSON "
+        "number)");
   CHECK(error_of(doc(R"([{"id": 1, "cost": 9223372036854775807}, {"id": 2, "cost": 1}])", es)) ==
         "dropit: g.json:2:72: vertices[1].cost: the total cost overflows 64 bits");
   CHECK(error_of(doc(R"([{"id": 1, "cost": "7"}])", es)) ==
-        "dropit: g.json:2:32: vertices[0].cost: expected a non-negative integer, got a string");
+        "dropit: g.json:2:32: vertices[0].cost: expected a non-negative number of bytes, got a "
+        "string");
   CHECK(error_of(doc(R"([{"id": 1, "cost": 1}, {"id": "1", "cost": 1}])", es)) ==
         "dropit: g.json:2:43: vertices[1].id: duplicate vertex id \"1\"");
   CHECK(error_of(doc(vs, R"([{"u": 1, "v": 3}])")) ==

@@ -101,8 +101,9 @@ int usage(int code) {
                "       checkpoint_plan --model NAME [--batch N] [--size H]\n"
                "       checkpoint_plan --dump NAME [--batch N] [--size H]\n"
                "graph JSON: {\"source\": ID, \"target\": ID, \"vertices\": [{\"id\": ID, \"cost\": "
-               "INT}, ...],\n"
+               "BYTES}, ...],\n"
                "             \"edges\": [{\"u\": ID, \"v\": ID}, ...]}\n"
+               "            (BYTES: a non-negative number; a fraction is rounded up)\n"
                "models:");
   for (std::string_view m : ck::models::names())
     std::fprintf(code ? stderr : stdout, " %s", std::string(m).c_str());

@@ -183,12 +183,14 @@ struct plan {
 
 /**
  * @brief Reads a graph from JSON text:
- * `{"source": ID, "target": ID, "vertices": [{"id": ID, "cost": INT}, ...],
+ * `{"source": ID, "target": ID, "vertices": [{"id": ID, "cost": NUMBER}, ...],
  *   "edges": [{"u": ID, "v": ID, "compute": NUMBER (optional)}, ...]}`.
  *
  * IDs are integers or strings (an integer id is its decimal text, so 7 and "7" are the same
- * vertex); costs are non-negative integers; other keys are ignored, except that an edge "cost"
- * must be 0 (memory belongs to vertices). The reader is strict JSON (RFC 8259).
+ * vertex); a cost is a finite non-negative number of bytes, rounded up to a whole byte (`0.5`
+ * costs 1, `1e3` 1000; an integer literal is read exactly, one with a fraction or an exponent as
+ * a double), at most 2^63 - 1 in total; other keys are ignored, except that an edge "cost" must
+ * be 0 (memory belongs to vertices). The reader is strict JSON (RFC 8259: no NaN or Infinity).
  * @param origin the name used in error messages, e.g. the file name
  * @return a validated graph
  * @throw dropit::error "origin:line:column: message" for a syntax error or a bad value (naming the

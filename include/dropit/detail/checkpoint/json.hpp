@@ -2,12 +2,13 @@
  * @file json.hpp
  * @brief A small strict JSON reader (RFC 8259: no comments, no trailing commas, no NaN, no
  * duplicate keys) that remembers where each value starts, the graph loader on top of it, and the
- * plan writer.
+ * plan writer. Errors inside a value name its path (`vertices[3].cost`) after line and column.
  */
 #pragma once
 
 #include <dropit/error.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstddef>
@@ -86,6 +87,12 @@ class reader {
   [[noreturn]] void fail(Args&&... args) const {
     fail_at(origin_, line_, column(), std::forward<Args>(args)...);
   }
+  /// As fail, for a malformed value: the message also names the value's path, if it has one.
+  template <class... Args>
+  [[noreturn]] void fail_value(Args&&... args) const {
+    if (path_.empty()) fail(std::forward<Args>(args)...);
+    fail(path_, ": ", std::forward<Args>(args)...);
+  }
   [[nodiscard]] std::size_t column() const noexcept { return i_ - line_start_ + 1; }
   [[nodiscard]] std::string describe() const {
     if (i_ >= s_.size()) return "end of input";
@@ -118,7 +125,7 @@ class reader {
     value v;
     v.line = line_;
     v.column = column();
-    if (i_ >= s_.size()) fail("expected a value, got end of input");
+    if (i_ >= s_.size()) fail_value("expected a value, got end of input");
     const char c = s_[i_];
     if (c == '{') {
       v.type = kind::object;
@@ -138,7 +145,11 @@ class reader {
         skip_space();
         expect(':', "':' after the key");
         skip_space();
+        const std::size_t mark = path_.size();
+        if (!path_.empty()) path_ += '.';
+        path_ += key;
         value item = parse(depth + 1);
+        path_.resize(mark);
         v.members.emplace_back(std::move(key), std::move(item));
         skip_space();
         if (i_ < s_.size() && s_[i_] == ',') {
@@ -159,7 +170,10 @@ class reader {
       }
       for (;;) {
         skip_space();
+        const std::size_t mark = path_.size();
+        path_ += dropit::detail::concat('[', v.items.size(), ']');
         v.items.push_back(parse(depth + 1));
+        path_.resize(mark);
         skip_space();
         if (i_ < s_.size() && s_[i_] == ',') {
           ++i_;
@@ -190,7 +204,16 @@ class reader {
         return v;
       }
     }
-    fail("expected a value, got ", describe());
+    not_a_number_literal();
+    fail_value("expected a value, got ", describe());
+  }
+
+  /// Rejects what some writers emit for non-finite floats (Python's json: NaN, Infinity).
+  void not_a_number_literal() const {
+    for (std::string_view w : {"NaN", "Infinity", "-Infinity", "nan", "-nan", "inf", "-inf"}) {
+      if (s_.substr(i_, w.size()) == w)
+        fail_value("expected a finite number, got ", w, " (not a JSON number)");
+    }
   }
 
   std::string number() {
@@ -201,21 +224,25 @@ class reader {
         ++i_;
       return i_ - from;
     };
-    if (s_[i_] == '-') ++i_;
+    if (s_[i_] == '-') {
+      not_a_number_literal();
+      ++i_;
+    }
     if (i_ < s_.size() && s_[i_] == '0') {
       ++i_;
-      if (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') fail("leading zeros are not allowed");
+      if (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9')
+        fail_value("leading zeros are not allowed");
     } else if (digits() == 0) {
-      fail("expected a digit, got ", describe());
+      fail_value("expected a digit, got ", describe());
     }
     if (i_ < s_.size() && s_[i_] == '.') {
       ++i_;
-      if (digits() == 0) fail("expected a digit after '.', got ", describe());
+      if (digits() == 0) fail_value("expected a digit after '.', got ", describe());
     }
     if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
       ++i_;
       if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
-      if (digits() == 0) fail("expected a digit in the exponent, got ", describe());
+      if (digits() == 0) fail_value("expected a digit in the exponent, got ", describe());
     }
     return std::string(s_.substr(start, i_ - start));
   }
@@ -329,7 +356,30 @@ class reader {
   std::string_view s_;
   std::string_view origin_;
   std::size_t i_ = 0, line_ = 1, line_start_ = 0;
+  std::string path_;  // of the value being read: `vertices[3].cost`; empty at the top
 };
+
+/// For a valid JSON number literal that a double cannot hold (from_chars' result_out_of_range):
+/// whether its magnitude is below 1 (an underflow such as 1e-400) rather than above DBL_MAX.
+[[nodiscard]] inline bool underflows(std::string_view t) noexcept {
+  if (t.starts_with('-')) t.remove_prefix(1);
+  const std::size_t whole = std::min(t.find_first_not_of("0123456789"), t.size());
+  const std::size_t e = std::min(t.find_first_of("eE"), t.size());
+  // The decimal exponent of the first significant digit, as written before the exponent part
+  // (JSON allows no leading zeros, so a zero integer part is "0").
+  long long leading = static_cast<long long>(whole) - 1;
+  if (t.substr(0, whole) == "0" && whole < e) {  // "0.000ddd": count the zeros after the point
+    const std::size_t first = std::min(t.find_first_not_of('0', whole + 1), e);
+    leading = -static_cast<long long>(first - whole);
+  }
+  long long exponent = 0;  // saturated: a literal this far out of range is decided by its sign
+  std::size_t i = e + 1;
+  const bool negative = i < t.size() && t[i] == '-';
+  if (i < t.size() && (t[i] == '-' || t[i] == '+')) ++i;
+  for (; i < t.size(); ++i)
+    exponent = std::min<long long>(exponent * 10 + (t[i] - '0'), 1LL << 40);
+  return leading + (negative ? -exponent : exponent) < 0;
+}
 
 /// Reads the value at `path` in a graph document and reports problems with both.
 class graph_loader {
@@ -364,10 +414,12 @@ class graph_loader {
          v.type == kind::number ? v.text : std::string(kind_name(v.type)));
   }
 
-  /// A non-negative integer cost (an integral value such as 1e6 or 2.0 is accepted).
+  /// A memory cost in bytes: any finite non-negative number, a fraction rounded up to the next
+  /// whole byte (a tool's estimate may be fractional; rounding down would under-count). Integers
+  /// are read exactly; a literal with a fraction or an exponent is read as a double.
   cost_t cost(const value& v, const std::string& path) const {
     if (v.type != kind::number)
-      fail(v, path, "expected a non-negative integer, got ", kind_name(v.type));
+      fail(v, path, "expected a non-negative number of bytes, got ", kind_name(v.type));
     const char* b = v.text.data();
     const char* e = b + v.text.size();
     if (v.text.find_first_of(".eE") == std::string::npos) {
@@ -377,10 +429,14 @@ class graph_loader {
     } else {
       double x = 0;
       const auto r = std::from_chars(b, e, x);
-      if (r.ec == std::errc{} && x >= 0 && x == std::floor(x) && x < 0x1p63)
-        return static_cast<cost_t>(x);
+      if (r.ec == std::errc{} && x >= 0 && std::ceil(x) < 0x1p63)
+        return static_cast<cost_t>(std::ceil(x));
+      // Positive and too small for a double: above 0, so one byte.
+      if (r.ec == std::errc::result_out_of_range && !v.text.starts_with('-') && underflows(v.text))
+        return 1;
     }
-    fail(v, path, "expected a non-negative integer (at most 2^63 - 1), got ", v.text);
+    fail(v, path, "expected a finite non-negative number of bytes (at most 2^63 - 1), got ",
+         v.text);
   }
 
   /// A finite non-negative number.
