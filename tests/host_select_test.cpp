@@ -245,6 +245,55 @@ TEST_CASE_TEMPLATE("host selection: sizes around block boundaries and the parall
   }
 }
 
+TEST_CASE_TEMPLATE("every instruction set gives the oracle's bytes, packing and restoring", T,
+                   DROPIT_TEST_TYPES) {
+  using dropit::detail::host_isa;
+  const host_isa have = dropit::detail::detect_host_isa();
+  auto& cap = dropit::detail::host_isa_cap();
+  const int saved = cap.load();
+  for (host_isa isa : {host_isa::baseline, host_isa::avx2, host_isa::avx512}) {
+    if (static_cast<int>(isa) > static_cast<int>(have)) {
+      MESSAGE("instruction set " << static_cast<int>(isa) << " skipped: this CPU lacks it");
+      continue;
+    }
+    cap.store(static_cast<int>(isa));
+    for (std::size_t n : {std::size_t{1000}, std::size_t{33000}, std::size_t{70001}}) {
+      auto x = normal_values<T>(n, 31 + n);
+      for (std::size_t i = 5; i < n; i += 101)
+        x[i] = from_double<T>(i % 2 ? std::numeric_limits<double>::quiet_NaN()
+                                    : -std::numeric_limits<double>::infinity());
+      for (double g : {0.5, 0.9, 0.99}) {
+        for (unsigned threads : {1u, 2u}) {
+          CAPTURE(static_cast<int>(isa));
+          CAPTURE(n);
+          CAPTURE(g);
+          CAPTURE(threads);
+          (void)check_pack<T>(dropit::MinK<>{g}, std::span<const T>(x), threads);
+          (void)check_pack<T>(dropit::Random<>{g, 17}, std::span<const T>(x), threads);
+          (void)check_pack<T>(dropit::MinK<>{g}, std::span<const T>(x), threads,
+                              {.force_fallback = true});
+          // Restore through the same instruction set.
+          for (const bool random : {false, true}) {
+            const std::size_t k = dropit::MinK<>{g}.kept(n);
+            const auto kept =
+                random ? oracle_by_key<T>(dropit::Random<>{g, 17}, x, k) : oracle_mink<T>(x, k);
+            const auto layout = dropit::make_layout(n, k, sizeof(T));
+            const auto p =
+                random ? dropit::detail::host_pack(dropit::Random<>{g, 17}, x.data(), layout,
+                                                   threads, std::pmr::new_delete_resource())
+                       : dropit::detail::host_pack(dropit::MinK<>{g}, x.data(), layout, threads,
+                                                   std::pmr::new_delete_resource());
+            std::vector<T> out(n, from_double<T>(7.0));
+            dropit::detail::host_restore(p, layout, out.data(), 1.0, threads);
+            CHECK(same_bits<T>(out, dense_from<T>(x, kept)));
+          }
+        }
+      }
+    }
+  }
+  cap.store(saved);
+}
+
 TEST_CASE("parallel_for covers every item once, for any thread and item count") {
   for (unsigned threads : {1u, 2u, 3u, 5u, 16u}) {
     for (std::size_t items : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{7},

@@ -56,16 +56,17 @@ template <class T, class Policy>
   host_selector<Policy, T> selector(policy, x, n, k, threads, tuning);
   const auto sel = selector.run(words, !bitmask, report);
   const word_classifier<Policy, T> cls(policy, x, n, sel.th.t, sel.th.t);
+  const host_isa isa = active_host_isa();
   std::byte* offsets = out.data() + layout.block_offsets_offset;
   parallel_for(threads, layout.blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
     switch (layout.positions) {
       case position_encoding::bitmask:
         if (layout.wide()) {
           host_compact_bitmask(cls, sel, x, n, b0, b1, words,
-                               reinterpret_cast<std::uint64_t*>(offsets), values);
+                               reinterpret_cast<std::uint64_t*>(offsets), values, isa);
         } else {
           host_compact_bitmask(cls, sel, x, n, b0, b1, words,
-                               reinterpret_cast<std::uint32_t*>(offsets), values);
+                               reinterpret_cast<std::uint32_t*>(offsets), values, isa);
         }
         break;
       case position_encoding::index32:
@@ -92,6 +93,7 @@ void host_restore(const payload& payload, const packed_layout& layout, T* out, d
   const restore_value<T> op{scale, scale != 1.0};
   const T* values = reinterpret_cast<const T*>(payload.data() + layout.values_offset);
   const std::byte* positions = payload.data() + layout.positions_offset;
+  const host_isa isa = active_host_isa();
   parallel_for(threads, layout.blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
     const std::size_t begin = b0 * block_elements;
     const std::size_t end = std::min(n, b1 * block_elements);
@@ -110,11 +112,11 @@ void host_restore(const payload& payload, const packed_layout& layout, T* out, d
         const auto* words = reinterpret_cast<const std::uint32_t*>(positions);
         const std::byte* offsets = payload.data() + layout.block_offsets_offset;
         if (layout.wide()) {
-          host_expand_bitmask(values, words, reinterpret_cast<const std::uint64_t*>(offsets), n, b0,
-                              b1, out, op);
+          host_expand_bitmask(values, k, words, reinterpret_cast<const std::uint64_t*>(offsets), n,
+                              b0, b1, out, op, isa);
         } else {
-          host_expand_bitmask(values, words, reinterpret_cast<const std::uint32_t*>(offsets), n, b0,
-                              b1, out, op);
+          host_expand_bitmask(values, k, words, reinterpret_cast<const std::uint32_t*>(offsets), n,
+                              b0, b1, out, op, isa);
         }
         break;
       }

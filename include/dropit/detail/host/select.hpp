@@ -67,13 +67,16 @@ struct host_select_report {
   return std::min(n, std::size_t{1} << bits);
 }
 
-/// Candidates of the count pass: per worker part of `part_cap` slots, per block its first slot
-/// and its count. Keys and offsets (in the block) are separate arrays.
+/// Candidates of the count pass: per worker a part of `part_cap` slots (plus room for the vector
+/// kernels' whole-vector stores past the end), per block its first slot and its count. Keys and
+/// offsets (in the block) are separate arrays.
 template <class Key>
 struct host_candidates {
+  static constexpr std::size_t slack = 64;  ///< slots after each part that vectors may write
   std::unique_ptr<Key[]> keys;
   std::unique_ptr<std::uint16_t[]> offs;
   std::size_t part_cap = 0;
+  [[nodiscard]] std::size_t stride() const noexcept { return part_cap + slack; }
   std::unique_ptr<std::size_t[]> at;       ///< per block: its first slot
   std::unique_ptr<std::uint32_t[]> count;  ///< per block: its entries
   /// Per worker, then merged into the first: candidates (keys in [lo, hi]) per bucket
@@ -84,6 +87,8 @@ struct host_candidates {
 
 /// Buckets of the candidate histogram.
 inline constexpr std::size_t candidate_buckets = std::size_t{1} << radix_bits;
+/// Per worker: the buckets and one more that counts the entries outside [lo, hi].
+inline constexpr std::size_t hist_stride = candidate_buckets + 1;
 
 /// The result: the threshold, how to apply it, and each block's offset into the values.
 template <class Key>
@@ -242,11 +247,11 @@ class host_selector {
       cap = static_cast<std::size_t>(2 * expected) + 4096 + (collect_above ? k_ : 0);
     }
     cand.part_cap = std::min(cap, n_);
-    cand.keys = host_buffer<key>(cand.part_cap * threads_);
-    cand.offs = host_buffer<std::uint16_t>(cand.part_cap * threads_);
+    cand.keys = host_buffer<key>(cand.stride() * threads_);
+    cand.offs = host_buffer<std::uint16_t>(cand.stride() * threads_);
     cand.at = host_buffer<std::size_t>(blocks_);
     cand.count = host_buffer<std::uint32_t>(blocks_);
-    cand.hist = std::make_unique<std::uint32_t[]>(candidate_buckets * threads_);
+    cand.hist = std::make_unique<std::uint32_t[]>(hist_stride * threads_);
     const auto range_bits = static_cast<int>(
         std::bit_width(static_cast<std::uint64_t>(hi_) - static_cast<std::uint64_t>(lo_)));
     cand.shift = range_bits > radix_bits ? range_bits - radix_bits : 0;
@@ -277,55 +282,59 @@ class host_selector {
       part& me = parts[t];
       counts c = me.c;
       bool collecting = collect && !me.full;
-      key* ck = collect ? cand.keys.get() + t * cand.part_cap : nullptr;
-      std::uint16_t* co = collect ? cand.offs.get() + t * cand.part_cap : nullptr;
-      std::uint32_t* h = collect ? cand.hist.get() + t * candidate_buckets : nullptr;
+      key* ck = collect ? cand.keys.get() + t * cand.stride() : nullptr;
+      std::uint16_t* co = collect ? cand.offs.get() + t * cand.stride() : nullptr;
+      std::uint32_t* h = collect ? cand.hist.get() + t * hist_stride : nullptr;
       const int shift = cand.shift;
       std::size_t used = me.used;
       const std::size_t cap = cand.part_cap;
       for (std::size_t b = b0; b < b1; ++b) {
         const std::size_t first = used;
-        std::size_t gt_count = 0, in_count = 0;
         const std::size_t w0 = b * words_per_block;
         const std::size_t w1 = std::min(total_words, w0 + words_per_block);
-        for (std::size_t w = w0; w < w1; ++w) {
-          const word_masks m = cls.masks(w);
-          if (words != nullptr) words[w] = m.gt;
-          const std::uint32_t in = m.ge & ~m.gt;
-          gt_count += static_cast<std::size_t>(popcount32(m.gt));
-          std::uint32_t take = collect_above ? m.ge : in;
-          if (!collecting || take == 0) {
-            if (in != 0) in_count += static_cast<std::size_t>(popcount32(in));
-            continue;
-          }
-          if (used + static_cast<std::size_t>(popcount32(take)) > cap) {
-            collecting = false;
-            c.overflow = true;
-            in_count += static_cast<std::size_t>(popcount32(in));
-            continue;
-          }
-          const std::size_t base = w * word_elements;
-          const auto off = static_cast<std::uint16_t>(base - b * block_elements);
-          for (; take != 0; take &= take - 1) {
-            const auto j = static_cast<unsigned>(std::countr_zero(take));
-            const key kv = cls.key(base + j);
-            ck[used] = kv;
-            co[used] = static_cast<std::uint16_t>(off + j);
-            ++used;
-            if (!collect_above || kv <= hi) {
-              ++in_count;
-              ++h[static_cast<std::size_t>(kv - lo) >> shift];
+        std::uint32_t gt_local[words_per_block], ge[words_per_block];
+        std::uint32_t* gt = words != nullptr ? words + w0 : gt_local;
+        block_counts bc;
+        if (collecting && cls.collects() && used + block_elements <= cap) {
+          // The vector kernel copies the entries as it classifies.
+          typename word_classifier<P, T>::entry_sink sink{ck, co, used, b * block_elements,
+                                                          collect_above};
+          bc = cls.classify(w0, w1, gt, ge, &sink);
+          used = sink.used;
+        } else {
+          bc = cls.classify(w0, w1, gt, ge);
+          for (std::size_t w = w0; collecting && w < w1; ++w) {
+            std::uint32_t take = collect_above ? ge[w - w0] : ge[w - w0] & ~gt[w - w0];
+            if (take == 0) continue;
+            if (used + static_cast<std::size_t>(popcount32(take)) > cap) {
+              collecting = false;
+              c.overflow = true;
+              break;
+            }
+            const std::size_t base = w * word_elements;
+            const auto off = static_cast<std::uint16_t>(base - b * block_elements);
+            for (; take != 0; take &= take - 1) {
+              const auto j = static_cast<unsigned>(std::countr_zero(take));
+              ck[used] = cls.key(base + j);
+              co[used] = static_cast<std::uint16_t>(off + j);
+              ++used;
             }
           }
         }
-        above[b] = static_cast<std::uint32_t>(gt_count);
-        within[b] = static_cast<std::uint32_t>(in_count);
+        // The histogram of the block's candidates (entries above hi go to the extra bucket).
+        for (std::size_t e = first; e < used; ++e) {
+          const key kv = ck[e];
+          const bool in = !collect_above || kv <= hi;
+          ++h[in ? static_cast<std::size_t>(kv - lo) >> shift : candidate_buckets];
+        }
+        above[b] = static_cast<std::uint32_t>(bc.above);
+        within[b] = static_cast<std::uint32_t>(bc.within);
         if (collect) {
-          cand.at[b] = t * cap + first;
+          cand.at[b] = t * cand.stride() + first;
           cand.count[b] = static_cast<std::uint32_t>(used - first);
         }
-        c.above += gt_count;
-        c.within += in_count;
+        c.above += bc.above;
+        c.within += bc.within;
       }
       c.collected = used;
       me.c = c;
@@ -350,7 +359,7 @@ class host_selector {
     std::uint32_t* hist = cand.hist.get();
     for (unsigned p = 1; p < threads_; ++p) {
       for (std::size_t d = 0; d < candidate_buckets; ++d)
-        hist[d] += hist[p * candidate_buckets + d];
+        hist[d] += hist[p * hist_stride + d];
     }
     std::size_t d = candidate_buckets - 1, higher = 0;
     while (d > 0 && higher + hist[d] < r)
