@@ -154,6 +154,18 @@ TEST_CASE("host selection: a guess that misses or overflows falls back, exactly"
   CHECK(fallbacks > 0);
   CHECK(hits > 0);
 
+  // A narrow first range that misses is retried three times as wide before the fallback.
+  int retried_hits = 0;
+  for (std::uint64_t seed = 0; seed < 24; ++seed) {
+    const auto x = normal_values<float>(30000 + seed * 89, 100 + seed);
+    const auto [bytes, report] = tuned_pack<float>(dropit::MinK<0.9>{}, std::span<const float>(x),
+                                                   2, {.sample = 256, .margin = 0.4});
+    CHECK(bytes ==
+          expected_payload<float>(x, oracle_mink<float>(x, dropit::MinK<0.9>{}.kept(x.size()))));
+    retried_hits += report.attempts == 2 && report.path == host_select_path::candidates;
+  }
+  CHECK(retried_hits > 0);
+
   // One candidate slot per worker: the count pass overflows and the selection falls back.
   const auto x = normal_values<float>(50000, 1);
   for (unsigned threads : {1u, 2u}) {

@@ -50,6 +50,8 @@ template <class T, class Policy>
     return out;
   }
 
+  // The first fork-join comes after the sample: wake the workers now.
+  parallel_prewake(threads);
   const bool bitmask = layout.positions == position_encoding::bitmask;
   std::byte* positions = out.data() + layout.positions_offset;
   auto* words = bitmask ? reinterpret_cast<std::uint32_t*>(positions) : nullptr;

@@ -130,7 +130,31 @@ class thread_pool {
     return true;
   }
 
+  /**
+   * Wakes the workers a job on `threads` threads would use, without giving them work: a caller
+   * that is about to do serial work before its next fork-join hides their wake-up (tens of
+   * microseconds from sleep on some machines) behind it. Does nothing if the pool is busy.
+   */
+  void prewake(unsigned threads) {
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    start_workers(threads);
+    for (unsigned i = 0; i + 1 < threads; ++i) {
+      workers_[i]->ticket.fetch_add(1, std::memory_order_release);
+      workers_[i]->ticket.notify_one();
+    }
+  }
+
  private:
+  void start_workers(unsigned threads) {
+    while (workers_.size() + 1 < threads) {
+      auto w = std::make_unique<worker>();
+      w->thread = std::jthread(
+          [this, id = static_cast<unsigned>(workers_.size()) + 1, p = w.get()] { work(id, *p); });
+      workers_.push_back(std::move(w));
+    }
+  }
+
   struct worker {
     alignas(64) std::atomic<std::uint32_t> ticket{0};  ///< bumped to wake this worker
     std::jthread thread;
@@ -187,6 +211,16 @@ class thread_pool {
   alignas(64) std::atomic<std::size_t> done_{0};     ///< chunks finished
   std::atomic<bool> stop_{false};
 };
+
+/// Wakes the workers of a coming fork-join over `threads` threads (the pool's; OpenMP's threads
+/// spin on their own), so that their wake-up overlaps the caller's serial work.
+inline void parallel_prewake(unsigned threads) {
+#if !defined(_OPENMP)
+  if (threads > 1) thread_pool::instance().prewake(threads);
+#else
+  (void)threads;
+#endif
+}
 
 /// Chunks a range of `items` is cut into for `threads` workers: a few per worker, so that
 /// workers that start late or run slower take fewer.

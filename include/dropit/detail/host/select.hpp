@@ -39,7 +39,7 @@ namespace dropit::detail {
 /// reach every way the selection resolves.
 struct host_select_tuning {
   std::size_t sample = 0;       ///< sampled keys; 0: automatic (all of x up to 4096)
-  double margin = 3.0;          ///< half-width of the guessed range, in standard deviations
+  double margin = 2.5;          ///< half-width of the guessed range, in standard deviations
   std::size_t capacity = 0;     ///< candidate slots per worker; 0: automatic
   bool force_fallback = false;  ///< ignore the guess: exact radix select over x
 };
@@ -57,13 +57,16 @@ struct host_select_report {
   std::size_t samples = 0;    ///< keys sampled
   std::size_t collected = 0;  ///< candidates (and, index list, keys above hi) collected
   bool overflow = false;      ///< a worker's candidate part was too small
+  int attempts = 0;           ///< count passes with a guessed range: 1, or 2 after a miss
 };
 
-/// Sampled keys for n elements: all of them up to 4096, then about n^(2/3), at most 2^18.
+/// Sampled keys for n elements: all of them up to 4096, then about 11 sqrt(n) (a power of two,
+/// 2^10 to 2^18), which balances the sample's cost against the candidates' (about
+/// 2.4 n / sqrt(S) at gamma = 0.9): measured on 1e5 to 2^28 elements, see bench/README.md.
 [[nodiscard]] inline std::size_t host_sample_size(std::size_t n) noexcept {
   if (n <= 4096) return n;
-  const double e = std::round(std::log2(static_cast<double>(n)) * 2.0 / 3.0);
-  const int bits = std::clamp(static_cast<int>(e), 11, 18);
+  const double e = std::round(std::log2(static_cast<double>(n)) / 2.0 + 3.5);
+  const int bits = std::clamp(static_cast<int>(e), 10, 18);
   return std::min(n, std::size_t{1} << bits);
 }
 
@@ -143,25 +146,35 @@ class host_selector {
       const std::size_t samples =
           std::min(n_, tuning_.sample != 0 ? tuning_.sample : host_sample_size(n_));
       rep.samples = samples;
-      guess(samples);
-      const bool collect = lo_ != hi_;
-      if (collect) allocate_candidates(sel.cand, samples, collect_above);
-      const counts c = count(sel, collect ? words : nullptr, collect, collect_above);
-      rep.collected = c.collected;
-      rep.overflow = c.overflow;
-      if (c.above < k_ && k_ <= c.above + c.within) {
-        if (!collect) {
-          rep.path = host_select_path::ties;
-          resolve_ties(sel, lo_, k_ - c.above, c.within);
-        } else if (!c.overflow) {
-          rep.path = host_select_path::candidates;
-          resolve_candidates(sel, words, collect_above, k_ - c.above);
-        } else {
-          fallback(sel, rep);
+      sample_keys(samples);
+      // A guess that misses is retried once with a range three times as wide (one more count
+      // pass) before the exact select over x (several passes).
+      bool done = false;
+      for (int attempt = 0; attempt < 2 && !done; ++attempt) {
+        rep.attempts = attempt + 1;
+        pick_range(samples, tuning_.margin * (attempt == 0 ? 1.0 : 3.0));
+        const bool collect = lo_ != hi_;
+        if (collect) allocate_candidates(sel.cand, samples, collect_above);
+        const counts c = count(sel, collect ? words : nullptr, collect, collect_above);
+        rep.collected = c.collected;
+        rep.overflow = c.overflow;
+        if (c.above < k_ && k_ <= c.above + c.within) {
+          if (!collect) {
+            rep.path = host_select_path::ties;
+            resolve_ties(sel, lo_, k_ - c.above, c.within);
+            done = true;
+          } else if (!c.overflow) {
+            rep.path = host_select_path::candidates;
+            resolve_candidates(sel, words, collect_above, k_ - c.above);
+            done = true;
+          } else {
+            break;  // the range holds too many keys (heavy ties): a wider one holds more
+          }
         }
-      } else {
-        fallback(sel, rep);
+        if (samples == n_) break;  // the exact range: a wider one is the same
       }
+      sample_.reset();
+      if (!done) fallback(sel, rep);
     } else {
       fallback(sel, rep);
     }
@@ -178,51 +191,57 @@ class host_selector {
     bool overflow = false;
   };
 
-  /// Reads hi and lo off a sample of keys at deterministic, stratified positions: sample j lies
-  /// in [j n / S, (j + 1) n / S), at an offset from a Weyl sequence (so that a period in x does
-  /// not line up with the strata), computed without divisions.
-  void guess(std::size_t samples) {
-    auto s = host_buffer<key>(samples);
+  /// Keys of a sample at deterministic, stratified positions: sample j lies in
+  /// [j n / S, (j + 1) n / S), at an offset from a Weyl sequence (so that a period in x does not
+  /// line up with the strata), computed without divisions.
+  void sample_keys(std::size_t samples) {
+    sample_ = host_buffer<key>(samples);
+    key* const s = sample_.get();
     const std::size_t n = n_;
     const bool all = samples == n;
     const std::size_t q = n / samples, r = n % samples;
-    parallel_for(samples >= (std::size_t{1} << 16) ? threads_ : 1u, samples,
-                 [&](std::size_t j0, std::size_t j1, unsigned) {
-                   if (all) {
-                     for (std::size_t j = j0; j < j1; ++j)
-                       s[j] = policy_.key(x_[j], j);
-                     return;
-                   }
-                   // Stratum j starts at j q + floor(j r / S).
-                   std::size_t begin = j0 * q + j0 * r / samples;
-                   std::size_t acc = j0 * r % samples;
-                   auto weyl = static_cast<std::uint32_t>(j0 * 0x9e3779b9u);
-                   for (std::size_t j = j0; j < j1; ++j) {
-                     acc += r;
-                     const std::size_t width = q + (acc >= samples ? 1 : 0);
-                     if (acc >= samples) acc -= samples;
-                     const std::size_t i =
-                         begin +
-                         static_cast<std::size_t>((static_cast<std::uint64_t>(weyl) * width) >> 32);
-                     s[j] = policy_.key(x_[i], i);
-                     begin += width;
-                     weyl += 0x9e3779b9u;
-                   }
-                 });
+    // Random reads, a few nanoseconds each: worth the workers from a few thousand on.
+    parallel_for(
+        samples >= 4096 ? threads_ : 1u, samples, [&](std::size_t j0, std::size_t j1, unsigned) {
+          if (all) {
+            for (std::size_t j = j0; j < j1; ++j)
+              s[j] = policy_.key(x_[j], j);
+            return;
+          }
+          // Stratum j starts at j q + floor(j r / S).
+          std::size_t begin = j0 * q + j0 * r / samples;
+          std::size_t acc = j0 * r % samples;
+          auto weyl = static_cast<std::uint32_t>(j0 * 0x9e3779b9u);
+          for (std::size_t j = j0; j < j1; ++j) {
+            acc += r;
+            const std::size_t width = q + (acc >= samples ? 1 : 0);
+            if (acc >= samples) acc -= samples;
+            const std::size_t i =
+                begin + static_cast<std::size_t>((static_cast<std::uint64_t>(weyl) * width) >> 32);
+            s[j] = policy_.key(x_[i], i);
+            begin += width;
+            weyl += 0x9e3779b9u;
+          }
+        });
+  }
+
+  /// Reads hi and lo off the sample: the order statistics `margin` standard deviations of the
+  /// sample rank either side of the k-th key's expected rank (both the k-th key for S = n).
+  void pick_range(std::size_t samples, double margin_sd) {
     long long hi_rank = 0, lo_rank = 0;
-    if (all) {
+    if (samples == n_) {
       hi_rank = lo_rank = static_cast<long long>(k_) - 1;
     } else {
       const double sd = static_cast<double>(samples);
-      const double q = static_cast<double>(k_) / static_cast<double>(n);
+      const double q = static_cast<double>(k_) / static_cast<double>(n_);
       const auto margin =
-          static_cast<long long>(std::ceil(tuning_.margin * std::sqrt(sd * q * (1 - q)))) + 1;
+          static_cast<long long>(std::ceil(margin_sd * std::sqrt(sd * q * (1 - q)))) + 1;
       const auto rank = static_cast<long long>(std::ceil(q * sd)) - 1;
       hi_rank = rank - margin;
       lo_rank = rank + margin;
       margin_ = static_cast<std::size_t>(margin);
     }
-    key* const b = s.get();
+    key* const b = sample_.get();
     const auto ss = static_cast<long long>(samples);
     if (lo_rank < ss) {
       std::nth_element(b, b + lo_rank, b + ss, std::greater<key>());
@@ -475,28 +494,29 @@ class host_selector {
   /// Exact radix select over x, then a second count pass with lo == hi == the k-th key.
   void fallback(host_selection<key>& sel, host_select_report& rep) {
     rep.path = host_select_path::fallback;
+    // Per worker: the bins and one more that takes the keys not matching the digits so far.
     constexpr std::size_t max_bins = std::size_t{1} << radix_bits;
+    constexpr std::size_t stride = max_bins + 1;
     radix_state<key> state(k_);
-    auto hist = host_buffer<std::size_t>(threads_ * max_bins);
+    auto hist = host_buffer<std::size_t>(threads_ * stride);
     const word_classifier<P, T> cls(policy_, x_, n_, key{0}, key{0});
     const std::size_t total_words = (n_ + word_elements - 1) / word_elements;
     while (!state.done()) {
       const unsigned bins = state.bins();
-      std::fill(hist.get(), hist.get() + threads_ * max_bins, std::size_t{0});
+      std::fill(hist.get(), hist.get() + threads_ * stride, std::size_t{0});
       parallel_for(threads_, total_words, [&](std::size_t w0, std::size_t w1, unsigned t) {
-        std::size_t* h = hist.get() + t * max_bins;
+        std::size_t* h = hist.get() + t * stride;
         const radix_state<key> s = state;
         key keys[word_elements];
         for (std::size_t w = w0; w < w1; ++w) {
           const unsigned count = cls.keys(w, keys);
-          for (unsigned j = 0; j < count; ++j) {
-            if (s.matches(keys[j])) ++h[s.digit(keys[j])];
-          }
+          for (unsigned j = 0; j < count; ++j)
+            ++h[s.matches(keys[j]) ? s.digit(keys[j]) : max_bins];
         }
       });
       for (unsigned t = 1; t < threads_; ++t) {
         for (unsigned d = 0; d < bins; ++d)
-          hist[d] += hist[t * max_bins + d];
+          hist[d] += hist[t * stride + d];
       }
       state.advance(hist.get());
     }
@@ -528,6 +548,7 @@ class host_selector {
   key lo_{};
   std::size_t margin_ = 0;
   std::unique_ptr<std::uint32_t[]> within_;  ///< per block: keys in [lo, hi]
+  std::unique_ptr<key[]> sample_;            ///< the sampled keys (partly ordered)
 };
 
 }  // namespace dropit::detail
