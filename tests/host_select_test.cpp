@@ -306,6 +306,14 @@ TEST_CASE_TEMPLATE("every instruction set gives the oracle's bytes, packing and 
   cap.store(saved);
 }
 
+TEST_CASE("inputs below the parallel threshold take the single-thread path") {
+  const std::size_t pt = dropit::host_executor::parallel_threshold;
+  const dropit::host_executor two{.threads = 2};
+  CHECK(two.thread_count(pt - 1) == 1);
+  CHECK(two.thread_count(pt) == 2);
+  CHECK(dropit::host_executor{}.thread_count(pt) == dropit::detail::hardware_threads());
+}
+
 TEST_CASE("parallel_for covers every item once, for any thread and item count") {
   for (unsigned threads : {1u, 2u, 3u, 5u, 16u}) {
     for (std::size_t items : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{7},

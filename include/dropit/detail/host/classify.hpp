@@ -177,9 +177,10 @@ class word_classifier {
   static constexpr bool bits_path =
       is_mink<P>::value && (sizeof(T) == 4 || sizeof(T) == 2) && sizeof(bits_type) == sizeof(T);
   static constexpr bool random_path = is_random<P>::value;
-  /// Keys the AVX-512 kernel can collect as vectors.
-  static constexpr bool vector_entries =
-      sizeof(key_type) == 2 || sizeof(key_type) == 4 || sizeof(key_type) == 8;
+  /// Keys the AVX-512 kernel collects as vectors: 32-bit ones (two compresses per 16 elements).
+  /// For 16- and 64-bit keys the conversions or the extra compresses cost more than the caller's
+  /// loop over the few candidates (measured: bench/README.md).
+  static constexpr bool vector_entries = sizeof(key_type) == 4;
 
   // ---- baseline: SSE2 (x86-64) or one key at a time -----------------------------------------
 

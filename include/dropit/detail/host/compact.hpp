@@ -270,12 +270,12 @@ void host_compact_index(const word_classifier<P, T>& cls,
 template <class T>
 inline const T* expand_word_scalar(const T* v, std::uint32_t m, T* o, std::size_t count,
                                    restore_value<T> op) noexcept {
+  // All-zero bits are +0 in every element type (memset also vectorises for the half types,
+  // whose assignment loops the compiler does not).
   if (count == word_elements) {
-    for (std::size_t j = 0; j < word_elements; ++j)
-      o[j] = T{};
+    std::memset(static_cast<void*>(o), 0, word_elements * sizeof(T));
   } else {
-    for (std::size_t j = 0; j < count; ++j)
-      o[j] = T{};
+    std::memset(static_cast<void*>(o), 0, count * sizeof(T));
   }
   if (op.apply) {
     for (; m != 0; m &= m - 1)
@@ -288,7 +288,8 @@ inline const T* expand_word_scalar(const T* v, std::uint32_t m, T* o, std::size_
 }
 
 #if DROPIT_HOST_X86
-/// AVX-512: restores full words [w0, w1) (values unscaled); returns the values not yet used.
+/// AVX-512, 4- and 8-byte elements: restores full words [w0, w1) (values unscaled); returns the
+/// values not yet used.
 template <class T>
 DROPIT_TARGET_AVX512 const T* expand_words_avx512(const T* v, const std::uint32_t* words,
                                                   std::size_t w0, std::size_t w1, T* out) noexcept {
@@ -301,16 +302,6 @@ DROPIT_TARGET_AVX512 const T* expand_words_avx512(const T* v, const std::uint32_
         const int count = __builtin_popcount(mh);
         const __m512i src = _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << count) - 1u), v);
         _mm512_storeu_si512(o + 16 * h, _mm512_maskz_expand_epi32(mh, src));
-        v += count;
-      }
-    } else if constexpr (sizeof(T) == 2) {
-      for (unsigned h = 0; h < 2; ++h) {
-        const auto mh = static_cast<__mmask16>(m >> (16 * h));
-        const int count = __builtin_popcount(mh);
-        const __m512i src = _mm512_cvtepu16_epi32(
-            _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << count) - 1u), v));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16 * h),
-                            _mm512_cvtepi32_epi16(_mm512_maskz_expand_epi32(mh, src)));
         v += count;
       }
     } else {
@@ -373,10 +364,14 @@ void host_expand_bitmask(const T* values, std::size_t k, const std::uint32_t* wo
     const std::size_t full = std::min(ws.w1, n / word_elements);
     std::size_t w = ws.w0;
 #if DROPIT_HOST_X86
+    // 16-bit elements: zeroing a word and storing its few kept values one by one beats the
+    // widen-expand-narrow sequence (measured: bench/README.md).
     if (!op.apply && w < full) {
-      if (isa == host_isa::avx512 && (sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8)) {
-        v = expand_words_avx512(v, words, w, full, out);
-        w = full;
+      if (isa == host_isa::avx512 && (sizeof(T) == 4 || sizeof(T) == 8)) {
+        if constexpr (sizeof(T) == 4 || sizeof(T) == 8) {
+          v = expand_words_avx512(v, words, w, full, out);
+          w = full;
+        }
       } else if (isa >= host_isa::avx2 && sizeof(T) == 4) {
         if constexpr (sizeof(T) == 4) {
           v = expand_words_avx2(v, values + k, words, w, full, out);
