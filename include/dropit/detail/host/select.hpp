@@ -39,7 +39,7 @@ namespace dropit::detail {
 /// reach every way the selection resolves.
 struct host_select_tuning {
   std::size_t sample = 0;       ///< sampled keys; 0: automatic (all of x up to 4096)
-  double margin = 2.5;          ///< half-width of the guessed range, in standard deviations
+  double margin = 3.0;          ///< half-width of the guessed range, in standard deviations
   std::size_t capacity = 0;     ///< candidate slots per worker; 0: automatic
   bool force_fallback = false;  ///< ignore the guess: exact radix select over x
 };
@@ -61,8 +61,9 @@ struct host_select_report {
 };
 
 /// Sampled keys for n elements: all of them up to 4096, then about 11 sqrt(n) (a power of two,
-/// 2^10 to 2^18), which balances the sample's cost against the candidates' (about
-/// 2.4 n / sqrt(S) at gamma = 0.9): measured on 1e5 to 2^28 elements, see bench/README.md.
+/// 2^10 to 2^18), which balances the sample's cost (a random read and a selection step per key)
+/// against the candidates' (about 1.8 n / sqrt(S) of them at gamma = 0.9 and a 3-sd margin).
+/// Tuned on 1e5 to 2^28 elements (bench/README.md).
 [[nodiscard]] inline std::size_t host_sample_size(std::size_t n) noexcept {
   if (n <= 4096) return n;
   const double e = std::round(std::log2(static_cast<double>(n)) / 2.0 + 3.5);
