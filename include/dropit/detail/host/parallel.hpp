@@ -25,10 +25,6 @@
 #include <omp.h>
 #endif
 
-#if (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDA_ARCH__)
-#include <immintrin.h>
-#endif
-
 namespace dropit::detail {
 
 /// Hardware threads, at least 1.
@@ -39,8 +35,8 @@ namespace dropit::detail {
 
 /// A hint to the core that this thread is spinning.
 inline void spin_pause() noexcept {
-#if (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDA_ARCH__)
-  _mm_pause();
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__CUDA_ARCH__)
+  __builtin_ia32_pause();
 #endif
 }
 
