@@ -23,21 +23,30 @@ namespace dropit {
  * dropit::host_executor exec{.threads = 2, .resource = &my_resource};
  * cache.pack(exec, x);
  * @endcode
- * Work runs on OpenMP threads when the caller compiles with OpenMP, else on std::thread (no extra
- * runtime is needed). Inputs below `parallel_threshold` elements take the single-thread path.
- * Every call is synchronous: it returns when the payload or the output is complete.
+ * Work runs on OpenMP threads when the caller compiles with OpenMP, else on a pool of std::threads
+ * that starts on first use and stays (no extra runtime is needed); workers take chunks of the
+ * work from a shared counter, so a worker the OS has not scheduled delays nothing. Inputs below
+ * `parallel_threshold` elements take the single-thread path. Every call is synchronous: it
+ * returns when the payload or the output is complete. The vector kernels are chosen at run time
+ * (SSE2, AVX2 or AVX-512 on x86-64); no compiler flag is needed.
  *
  * The memory resource supplies the payload (the bytes `SparseCache::bytes()` reports), so a
  * framework's allocator can own and count it; it must outlive every cache packed with it.
- * Temporaries of a pack (per-block counts, a few bytes per 1024 elements) come from the global
- * heap.
+ * Temporaries of a pack (a sample of keys, the candidates near the threshold: about 1% of x for
+ * gamma = 0.9, and a few bytes per 1024 elements) come from the global heap.
  */
 struct host_executor {
   /// @brief Where payloads of this executor live.
   static constexpr memory_space space = memory_space::host;
 
-  /// @brief Inputs smaller than this many elements are packed and restored on one thread.
-  static constexpr std::size_t parallel_threshold = std::size_t{1} << 18;
+  /**
+   * @brief Inputs smaller than this many elements are packed and restored on one thread.
+   *
+   * Measured on 2 cores (bench/README.md, `threads/` cases): two threads start to pay off at
+   * 2^16 to 2^17 elements (pack and restore, fp32, workers busy); with workers that have gone to
+   * sleep the std::thread pool breaks even later, OpenMP at about the same size.
+   */
+  static constexpr std::size_t parallel_threshold = std::size_t{1} << 17;
 
   unsigned threads = 0;  ///< worker threads; 0 means all hardware threads
   std::pmr::memory_resource* resource =

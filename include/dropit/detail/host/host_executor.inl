@@ -1,6 +1,8 @@
 // Implementation of dropit::host_executor (exec/host.hpp).
 #pragma once
 
+#include <dropit/detail/host/classify.hpp>
+#include <dropit/detail/host/compact.hpp>
 #include <dropit/detail/host/parallel.hpp>
 #include <dropit/detail/host/select.hpp>
 #include <dropit/detail/steps.hpp>
@@ -22,94 +24,60 @@ inline void release_host(void* resource, void*, std::byte* data, std::size_t byt
   static_cast<std::pmr::memory_resource*>(resource)->deallocate(data, bytes, 64);
 }
 
-/// Writes words [w0, w1) of the bitmask encoding and their values; `start` is the kept count
-/// before word w0.
-template <class P, class T, class Key, class Offset>
-void host_compact_bitmask(const P& policy, const T* x, std::size_t n, threshold<Key> th,
-                          std::size_t b0, std::size_t b1, const std::size_t* block_start, T* values,
-                          std::uint32_t* words, Offset* offsets) {
-  constexpr std::size_t words_per_block = block_elements / word_elements;
-  const std::size_t total_words = (n + word_elements - 1) / word_elements;
-  for (std::size_t b = b0; b < b1; ++b) {
-    std::size_t at = block_start[b];
-    offsets[b] = static_cast<Offset>(at);
-    const std::size_t w1 = std::min(total_words, (b + 1) * words_per_block);
-    for (std::size_t w = b * words_per_block; w < w1; ++w) {
-      const std::uint32_t m = mark_word(policy, x, n, w, th);
-      words[w] = m;
-      compact_word(x, w, m, values + at);
-      at += static_cast<std::size_t>(popcount32(m));
-    }
-  }
-}
-
-template <class P, class T, class Key, class Index>
-void host_compact_index(const P& policy, const T* x, std::size_t n, threshold<Key> th,
-                        std::size_t b0, std::size_t b1, const std::size_t* block_start, T* values,
-                        Index* index) {
-  constexpr std::size_t words_per_block = block_elements / word_elements;
-  const std::size_t total_words = (n + word_elements - 1) / word_elements;
-  for (std::size_t b = b0; b < b1; ++b) {
-    std::size_t at = block_start[b];
-    const std::size_t w1 = std::min(total_words, (b + 1) * words_per_block);
-    for (std::size_t w = b * words_per_block; w < w1; ++w) {
-      const std::uint32_t m = mark_word(policy, x, n, w, th);
-      if (m == 0) continue;
-      compact_word(x, w, m, values + at);
-      compact_word_index(w, m, index + at);
-      at += static_cast<std::size_t>(popcount32(m));
-    }
-  }
-}
-
-}  // namespace detail
-
+/**
+ * The host pack on exactly `threads` workers (the executor picks the count), with the
+ * selection's knobs exposed for tests and benchmarks.
+ */
 template <class T, class Policy>
-detail::payload host_executor::pack(const Policy& policy, const T* x,
-                                    const packed_layout& layout) const {
-  std::pmr::memory_resource* mr = memory_resource();
-  detail::payload out;
+[[nodiscard]] payload host_pack(const Policy& policy, const T* x, const packed_layout& layout,
+                                unsigned threads, std::pmr::memory_resource* mr,
+                                const host_select_tuning& tuning = {},
+                                host_select_report* report = nullptr) {
+  payload out;
   if (layout.total_bytes > 0) {
-    out =
-        detail::payload(static_cast<std::byte*>(mr->allocate(layout.total_bytes, 64)),
-                        layout.total_bytes, memory_space::host, &detail::release_host, mr, nullptr);
+    out = payload(static_cast<std::byte*>(mr->allocate(layout.total_bytes, 64)), layout.total_bytes,
+                  memory_space::host, &release_host, mr, nullptr);
   }
   const std::size_t n = layout.n;
   const std::size_t k = layout.k;
   if (k == 0) return out;
-  detail::zero_padding(out.data(), layout);
-  const unsigned threads = thread_count(n);
+  zero_padding(out.data(), layout);
   T* values = reinterpret_cast<T*>(out.data() + layout.values_offset);
   if (k == n) {
-    detail::parallel_for(threads, n, [&](std::size_t b, std::size_t e, unsigned) {
+    parallel_for(threads, n, [&](std::size_t b, std::size_t e, unsigned) {
       std::memcpy(values + b, x + b, (e - b) * sizeof(T));
     });
     return out;
   }
 
-  const auto sel = detail::host_select(policy, x, n, k, threads);
+  // The first fork-join comes after the sample: wake the workers now.
+  parallel_prewake(threads);
+  const bool bitmask = layout.positions == position_encoding::bitmask;
   std::byte* positions = out.data() + layout.positions_offset;
-  detail::parallel_for(threads, layout.blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
+  auto* words = bitmask ? reinterpret_cast<std::uint32_t*>(positions) : nullptr;
+  host_selector<Policy, T> selector(policy, x, n, k, threads, tuning);
+  const auto sel = selector.run(words, !bitmask, report);
+  const word_classifier<Policy, T> cls(policy, x, n, sel.th.t, sel.th.t);
+  const host_isa isa = active_host_isa();
+  std::byte* offsets = out.data() + layout.block_offsets_offset;
+  parallel_for(threads, layout.blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
     switch (layout.positions) {
-      case position_encoding::bitmask: {
-        auto* words = reinterpret_cast<std::uint32_t*>(positions);
-        std::byte* offsets = out.data() + layout.block_offsets_offset;
+      case position_encoding::bitmask:
         if (layout.wide()) {
-          detail::host_compact_bitmask(policy, x, n, sel.th, b0, b1, sel.block_start.data(), values,
-                                       words, reinterpret_cast<std::uint64_t*>(offsets));
+          host_compact_bitmask(cls, sel, x, n, b0, b1, words,
+                               reinterpret_cast<std::uint64_t*>(offsets), values, isa);
         } else {
-          detail::host_compact_bitmask(policy, x, n, sel.th, b0, b1, sel.block_start.data(), values,
-                                       words, reinterpret_cast<std::uint32_t*>(offsets));
+          host_compact_bitmask(cls, sel, x, n, b0, b1, words,
+                               reinterpret_cast<std::uint32_t*>(offsets), values, isa);
         }
         break;
-      }
       case position_encoding::index32:
-        detail::host_compact_index(policy, x, n, sel.th, b0, b1, sel.block_start.data(), values,
-                                   reinterpret_cast<std::uint32_t*>(positions));
+        host_compact_index(cls, sel, x, n, b0, b1, values,
+                           reinterpret_cast<std::uint32_t*>(positions));
         break;
       case position_encoding::index64:
-        detail::host_compact_index(policy, x, n, sel.th, b0, b1, sel.block_start.data(), values,
-                                   reinterpret_cast<std::uint64_t*>(positions));
+        host_compact_index(cls, sel, x, n, b0, b1, values,
+                           reinterpret_cast<std::uint64_t*>(positions));
         break;
       case position_encoding::none:
         break;
@@ -118,45 +86,17 @@ detail::payload host_executor::pack(const Policy& policy, const T* x,
   return out;
 }
 
-namespace detail {
-
-template <class T, class Offset>
-void host_expand_bitmask(const T* values, const std::uint32_t* words, const Offset* offsets,
-                         std::size_t n, std::size_t b0, std::size_t b1, T* out,
-                         restore_value<T> op) {
-  constexpr std::size_t words_per_block = block_elements / word_elements;
-  const std::size_t total_words = (n + word_elements - 1) / word_elements;
-  for (std::size_t b = b0; b < b1; ++b) {
-    std::size_t at = static_cast<std::size_t>(offsets[b]);
-    const std::size_t w1 = std::min(total_words, (b + 1) * words_per_block);
-    for (std::size_t w = b * words_per_block; w < w1; ++w) {
-      expand_word(values + at, words[w], w, n, out, op);
-      at += static_cast<std::size_t>(popcount32(words[w]));
-    }
-  }
-}
-
-template <class T, class Index>
-void host_expand_index(const T* values, const Index* index, std::size_t k, std::size_t begin,
-                       std::size_t end, T* out, restore_value<T> op) {
-  const std::size_t first =
-      static_cast<std::size_t>(std::lower_bound(index, index + k, begin) - index);
-  expand_index_range(values, index, k, first, begin, end, out, op);
-}
-
-}  // namespace detail
-
+/// The host restore on exactly `threads` workers.
 template <class T>
-void host_executor::restore(const detail::payload& payload, const packed_layout& layout, T* out,
-                            double scale) const {
+void host_restore(const payload& payload, const packed_layout& layout, T* out, double scale,
+                  unsigned threads) {
   const std::size_t n = layout.n;
   const std::size_t k = layout.k;
-  const detail::restore_value<T> op{scale, scale != 1.0};
+  const restore_value<T> op{scale, scale != 1.0};
   const T* values = reinterpret_cast<const T*>(payload.data() + layout.values_offset);
   const std::byte* positions = payload.data() + layout.positions_offset;
-  const unsigned threads = thread_count(n);
-  const std::size_t blocks = layout.blocks();
-  detail::parallel_for(threads, blocks, [&](std::size_t b0, std::size_t b1, unsigned) {
+  const host_isa isa = active_host_isa();
+  parallel_for(threads, layout.blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
     const std::size_t begin = b0 * block_elements;
     const std::size_t end = std::min(n, b1 * block_elements);
     switch (layout.positions) {
@@ -174,24 +114,38 @@ void host_executor::restore(const detail::payload& payload, const packed_layout&
         const auto* words = reinterpret_cast<const std::uint32_t*>(positions);
         const std::byte* offsets = payload.data() + layout.block_offsets_offset;
         if (layout.wide()) {
-          detail::host_expand_bitmask(
-              values, words, reinterpret_cast<const std::uint64_t*>(offsets), n, b0, b1, out, op);
+          host_expand_bitmask(values, k, words, reinterpret_cast<const std::uint64_t*>(offsets), n,
+                              b0, b1, out, op, isa);
         } else {
-          detail::host_expand_bitmask(
-              values, words, reinterpret_cast<const std::uint32_t*>(offsets), n, b0, b1, out, op);
+          host_expand_bitmask(values, k, words, reinterpret_cast<const std::uint32_t*>(offsets), n,
+                              b0, b1, out, op, isa);
         }
         break;
       }
       case position_encoding::index32:
-        detail::host_expand_index(values, reinterpret_cast<const std::uint32_t*>(positions), k,
-                                  begin, end, out, op);
+        host_expand_index(values, reinterpret_cast<const std::uint32_t*>(positions), k, begin, end,
+                          out, op);
         break;
       case position_encoding::index64:
-        detail::host_expand_index(values, reinterpret_cast<const std::uint64_t*>(positions), k,
-                                  begin, end, out, op);
+        host_expand_index(values, reinterpret_cast<const std::uint64_t*>(positions), k, begin, end,
+                          out, op);
         break;
     }
   });
+}
+
+}  // namespace detail
+
+template <class T, class Policy>
+detail::payload host_executor::pack(const Policy& policy, const T* x,
+                                    const packed_layout& layout) const {
+  return detail::host_pack(policy, x, layout, thread_count(layout.n), memory_resource());
+}
+
+template <class T>
+void host_executor::restore(const detail::payload& payload, const packed_layout& layout, T* out,
+                            double scale) const {
+  detail::host_restore(payload, layout, out, scale, thread_count(layout.n));
 }
 
 }  // namespace dropit

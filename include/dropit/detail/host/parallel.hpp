@@ -1,10 +1,23 @@
 /**
  * @file parallel.hpp
- * @brief Fork-join over contiguous ranges: OpenMP when the user compiles with it, else std::thread.
+ * @brief Fork-join over chunks of an index range: OpenMP when the user compiles with it, else a
+ * lazily started pool of persistent std::threads (starting threads per call costs tens of
+ * microseconds, more than a whole pack of a few hundred thousand elements).
+ *
+ * Workers claim chunks from a shared counter instead of owning a fixed part, so a worker that the
+ * OS has not scheduled yet (the cores are shared with a training loop, data loaders, a compiler)
+ * delays nothing: the threads that run take its chunks, and a call waits only for the chunks
+ * already started.
  */
 #pragma once
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -20,22 +33,203 @@ namespace dropit::detail {
   return h == 0 ? 1 : h;
 }
 
-/// The part of [0, items) that worker `t` of `parts` owns: contiguous, sizes differing by <= 1.
-struct range {
-  std::size_t begin;
-  std::size_t end;
-};
-[[nodiscard]] constexpr range split(std::size_t items, unsigned parts, unsigned t) noexcept {
-  const std::size_t q = items / parts;
-  const std::size_t r = items % parts;
-  const std::size_t begin = t * q + (t < r ? t : r);
-  return {begin, begin + q + (t < r ? 1 : 0)};
+/// A hint to the core that this thread is spinning.
+inline void spin_pause() noexcept {
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__CUDA_ARCH__)
+  __builtin_ia32_pause();
+#endif
+}
+
+/// Spins for at most `limit` while `a` holds `old`; returns the value last seen.
+template <class U>
+U spin_while_equal(const std::atomic<U>& a, U old, std::chrono::microseconds limit) noexcept {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (unsigned i = 1;; ++i) {
+    const U seen = a.load(std::memory_order_acquire);
+    if (seen != old) return seen;
+    spin_pause();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return seen;
+  }
 }
 
 /**
- * Calls `f(begin, end, t)` for t in [0, threads) on `threads` workers (the caller is one of them),
- * with [begin, end) the t-th contiguous part of [0, items). Returns when every call has returned.
- * `f` must not throw. Fewer workers run when items < threads.
+ * Persistent workers for fork-join calls from any thread. One call at a time uses the pool (a
+ * call that finds it busy, e.g. a nested or concurrent one, reports so and the caller runs the
+ * work another way). Workers start on first use; after a job a worker spins for `spin_time` (so
+ * that a pack's consecutive steps start within a microsecond), then sleeps on its own ticket.
+ *
+ * A job is `chunks` calls `fn(ctx, chunk, worker)`. A chunk is claimed by a compare-and-swap on a
+ * word that holds the job's epoch and its next chunk, so a worker that wakes after its job is over
+ * claims nothing and never touches the job's context. A job's fields live in one of two slots
+ * (by epoch parity): a worker reads the slot of the epoch it saw, and its claim succeeds only if
+ * that epoch is still running, so the fields it read were that job's (the next job writes the
+ * other slot, and the one after waits for every claimed chunk of this one).
+ */
+class thread_pool {
+ public:
+  /// Chunk body: `fn(ctx, chunk, worker)`.
+  using chunk_fn = void (*)(void*, std::size_t, unsigned);
+  /// How long an idle worker spins before it sleeps, and how long a caller spins for the rest.
+  static constexpr std::chrono::microseconds spin_time{50};
+
+  /// The process-wide pool.
+  static thread_pool& instance() {
+    static thread_pool pool;
+    return pool;
+  }
+
+  thread_pool() = default;
+  thread_pool(const thread_pool&) = delete;
+  thread_pool& operator=(const thread_pool&) = delete;
+  ~thread_pool() {
+    stop_.store(true, std::memory_order_relaxed);
+    for (auto& w : workers_) {
+      w->ticket.fetch_add(1, std::memory_order_release);
+      w->ticket.notify_one();
+    }
+    workers_.clear();  // joins
+  }
+
+  /**
+   * Runs the `chunks` chunks of a job on the calling thread (worker 0) and up to `threads - 1`
+   * pool workers (1, 2, ...); returns when every chunk has run. Returns false, having run
+   * nothing, when another call holds the pool.
+   */
+  bool try_run(unsigned threads, std::size_t chunks, chunk_fn fn, void* ctx) {
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return false;
+    while (workers_.size() + 1 < threads) {
+      auto w = std::make_unique<worker>();
+      w->thread = std::jthread(
+          [this, id = static_cast<unsigned>(workers_.size()) + 1, p = w.get()] { work(id, *p); });
+      workers_.push_back(std::move(w));
+    }
+    const std::uint32_t epoch = ++epoch_;
+    job_slot& job = jobs_[epoch & 1];
+    job.fn.store(fn, std::memory_order_relaxed);
+    job.ctx.store(ctx, std::memory_order_relaxed);
+    job.chunks.store(chunks, std::memory_order_relaxed);
+    job.threads.store(threads, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    state_.store(std::uint64_t{epoch} << 32, std::memory_order_release);
+    for (unsigned i = 0; i + 1 < threads; ++i) {
+      workers_[i]->ticket.fetch_add(1, std::memory_order_release);
+      workers_[i]->ticket.notify_one();
+    }
+    run_chunks(epoch, fn, ctx, chunks, 0);
+    // Only chunks that other workers have claimed can be outstanding: wait for them.
+    for (std::size_t seen = done_.load(std::memory_order_acquire); seen != chunks;
+         seen = done_.load(std::memory_order_acquire)) {
+      seen = spin_while_equal(done_, seen, spin_time);
+      if (seen != chunks) done_.wait(seen, std::memory_order_acquire);
+    }
+    return true;
+  }
+
+  /**
+   * Wakes the workers a job on `threads` threads would use, without giving them work: a caller
+   * that is about to do serial work before its next fork-join hides their wake-up (tens of
+   * microseconds from sleep on some machines) behind it. Does nothing if the pool is busy.
+   */
+  void prewake(unsigned threads) {
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    start_workers(threads);
+    for (unsigned i = 0; i + 1 < threads; ++i) {
+      workers_[i]->ticket.fetch_add(1, std::memory_order_release);
+      workers_[i]->ticket.notify_one();
+    }
+  }
+
+ private:
+  void start_workers(unsigned threads) {
+    while (workers_.size() + 1 < threads) {
+      auto w = std::make_unique<worker>();
+      w->thread = std::jthread(
+          [this, id = static_cast<unsigned>(workers_.size()) + 1, p = w.get()] { work(id, *p); });
+      workers_.push_back(std::move(w));
+    }
+  }
+
+  struct worker {
+    alignas(64) std::atomic<std::uint32_t> ticket{0};  ///< bumped to wake this worker
+    std::jthread thread;
+  };
+  struct job_slot {
+    std::atomic<chunk_fn> fn{nullptr};
+    std::atomic<void*> ctx{nullptr};
+    std::atomic<std::size_t> chunks{0};
+    std::atomic<unsigned> threads{0};
+  };
+
+  /// Claims and runs chunks of job `epoch` until none is left or the job is over.
+  void run_chunks(std::uint32_t epoch, chunk_fn fn, void* ctx, std::size_t chunks, unsigned id) {
+    std::uint64_t v = state_.load(std::memory_order_acquire);
+    for (;;) {
+      if (static_cast<std::uint32_t>(v >> 32) != epoch) return;
+      const std::size_t c = static_cast<std::uint32_t>(v);
+      if (c >= chunks) return;
+      if (!state_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel,
+                                        std::memory_order_acquire)) {
+        continue;
+      }
+      fn(ctx, c, id);
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) done_.notify_one();
+      v = state_.load(std::memory_order_acquire);
+    }
+  }
+
+  void work(unsigned id, worker& self) {
+    std::uint32_t seen = 0;
+    for (;;) {
+      std::uint32_t now = spin_while_equal(self.ticket, seen, spin_time);
+      while (now == seen) {
+        self.ticket.wait(seen, std::memory_order_acquire);
+        now = self.ticket.load(std::memory_order_acquire);
+      }
+      seen = now;
+      if (stop_.load(std::memory_order_relaxed)) return;
+      // The fields are those of the epoch read here, or every claim below fails.
+      const auto epoch = static_cast<std::uint32_t>(state_.load(std::memory_order_acquire) >> 32);
+      const job_slot& job = jobs_[epoch & 1];
+      if (id >= job.threads.load(std::memory_order_relaxed)) continue;
+      run_chunks(epoch, job.fn.load(std::memory_order_relaxed),
+                 job.ctx.load(std::memory_order_relaxed),
+                 job.chunks.load(std::memory_order_relaxed), id);
+    }
+  }
+
+  std::mutex mutex_;  ///< held by the call that uses the pool
+  std::vector<std::unique_ptr<worker>> workers_;
+  std::uint32_t epoch_ = 0;  ///< the last job's epoch (written under mutex_)
+  job_slot jobs_[2];
+  alignas(64) std::atomic<std::uint64_t> state_{0};  ///< epoch << 32 | next chunk
+  alignas(64) std::atomic<std::size_t> done_{0};     ///< chunks finished
+  std::atomic<bool> stop_{false};
+};
+
+/// Wakes the workers of a coming fork-join over `threads` threads (the pool's; OpenMP's threads
+/// spin on their own), so that their wake-up overlaps the caller's serial work.
+inline void parallel_prewake(unsigned threads) {
+#if !defined(_OPENMP)
+  if (threads > 1) thread_pool::instance().prewake(threads);
+#else
+  (void)threads;
+#endif
+}
+
+/// Chunks a range of `items` is cut into for `threads` workers: a few per worker, so that
+/// workers that start late or run slower take fewer.
+[[nodiscard]] constexpr std::size_t chunk_count(std::size_t items, unsigned threads) noexcept {
+  const std::size_t most = std::size_t{threads} * 8;
+  return items < most ? items : most;
+}
+
+/**
+ * Calls `f(begin, end, worker)` over chunks that cover [0, items), on up to `threads` workers
+ * (the caller is worker 0; `worker < threads`). A worker may run several chunks, in increasing
+ * order; which worker runs which chunk is not fixed. Returns when every call has returned. `f`
+ * must not throw.
  */
 template <class F>
 void parallel_for(unsigned threads, std::size_t items, F&& f) {
@@ -44,25 +238,42 @@ void parallel_for(unsigned threads, std::size_t items, F&& f) {
     if (items > 0) f(std::size_t{0}, items, 0u);
     return;
   }
+  struct context {
+    F* f;
+    std::size_t items;
+    std::size_t chunks;
+  } ctx{&f, items, chunk_count(items, threads)};
+  auto run = [](void* p, std::size_t c, unsigned worker) {
+    auto* x = static_cast<context*>(p);
+    const std::size_t begin = c * x->items / x->chunks;
+    const std::size_t end = (c + 1) * x->items / x->chunks;
+    (*x->f)(begin, end, worker);
+  };
 #if defined(_OPENMP)
+  std::atomic<std::size_t> next{0};
 #pragma omp parallel num_threads(static_cast <int>(threads))
   {
-    const auto parts = static_cast<unsigned>(omp_get_num_threads());
-    const auto t = static_cast<unsigned>(omp_get_thread_num());
-    const range r = split(items, parts, t);
-    f(r.begin, r.end, t);
+    const auto worker = static_cast<unsigned>(omp_get_thread_num());
+    for (std::size_t c = next.fetch_add(1, std::memory_order_relaxed); c < ctx.chunks;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+      run(&ctx, c, worker);
+    }
   }
 #else
+  if (thread_pool::instance().try_run(threads, ctx.chunks, run, &ctx)) return;
+  // The pool is busy (a concurrent or nested call): threads of this call's own.
+  std::atomic<std::size_t> next{0};
+  auto claim = [&](unsigned worker) {
+    for (std::size_t c = next.fetch_add(1, std::memory_order_relaxed); c < ctx.chunks;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+      run(&ctx, c, worker);
+    }
+  };
   std::vector<std::jthread> workers;
   workers.reserve(threads - 1);
-  for (unsigned t = 1; t < threads; ++t) {
-    workers.emplace_back([&f, items, threads, t] {
-      const range r = split(items, threads, t);
-      f(r.begin, r.end, t);
-    });
-  }
-  const range r = split(items, threads, 0);
-  f(r.begin, r.end, 0u);
+  for (unsigned t = 1; t < threads; ++t)
+    workers.emplace_back([&claim, t] { claim(t); });
+  claim(0);
 #endif
 }
 

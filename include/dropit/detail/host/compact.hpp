@@ -1,0 +1,404 @@
+/**
+ * @file compact.hpp
+ * @brief The host's compact step (the second read of x) and expand step (restore), per range of
+ * blocks, so that every worker writes a disjoint part of the payload or the output.
+ *
+ * The bytes are those of the shared steps (steps.hpp: mark_word, compact_word, expand_word): bit j
+ * of word w set when element 32 w + j is kept, the kept values in index order, block offsets =
+ * kept count before each block. With AVX-512 a word is compacted (expanded) sixteen elements at a
+ * time by the compress (expand) instructions; with AVX2 eight at a time by a table-driven
+ * permute; otherwise one kept element at a time.
+ */
+#pragma once
+
+#include <dropit/detail/host/classify.hpp>
+#include <dropit/detail/host/isa.hpp>
+#include <dropit/detail/host/select.hpp>
+#include <dropit/detail/numeric.hpp>
+#include <dropit/detail/steps.hpp>
+#include <dropit/format.hpp>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+DROPIT_AVX512_WARNINGS_OFF
+
+namespace dropit::detail {
+
+/// Copies the elements of src whose bit is set in m to out, in order; returns the end.
+template <class T>
+inline T* host_compact_word(const T* src, std::uint32_t m, T* out) noexcept {
+  for (; m != 0; m &= m - 1)
+    *out++ = src[std::countr_zero(m)];
+  return out;
+}
+
+/// Bits of word w below the tie cut: elements 32 w + j < cut.
+[[nodiscard]] inline std::uint32_t below_cut(std::size_t w, std::size_t cut) noexcept {
+  const std::size_t base = w * word_elements;
+  if (base + word_elements <= cut) return ~std::uint32_t{0};
+  if (base >= cut) return 0;
+  return low_bits(static_cast<unsigned>(cut - base));
+}
+
+/// Words of blocks [b0, b1) of an n-element tensor.
+struct word_span {
+  std::size_t w0;
+  std::size_t w1;
+};
+[[nodiscard]] inline word_span block_words(std::size_t b0, std::size_t b1, std::size_t n) noexcept {
+  constexpr std::size_t words_per_block = block_elements / word_elements;
+  const std::size_t total = (n + word_elements - 1) / word_elements;
+  return {std::min(total, b0 * words_per_block), std::min(total, b1 * words_per_block)};
+}
+
+/// For each 8-bit mask: the positions of its set bits, in order (compress), as bytes.
+inline constexpr auto compress_table = [] {
+  std::array<std::uint64_t, 256> t{};
+  for (unsigned m = 0; m < 256; ++m) {
+    std::uint64_t v = 0;
+    unsigned j = 0;
+    for (unsigned b = 0; b < 8; ++b) {
+      if ((m >> b & 1u) != 0) v |= std::uint64_t{b} << (8 * j++);
+    }
+    t[m] = v;
+  }
+  return t;
+}();
+
+/// For each 8-bit mask: for every position, how many set bits lie below it (expand), as bytes.
+inline constexpr auto expand_table = [] {
+  std::array<std::uint64_t, 256> t{};
+  for (unsigned m = 0; m < 256; ++m) {
+    std::uint64_t v = 0;
+    unsigned below = 0;
+    for (unsigned b = 0; b < 8; ++b) {
+      v |= std::uint64_t{below} << (8 * b);
+      below += m >> b & 1u;
+    }
+    t[m] = v;
+  }
+  return t;
+}();
+
+#if DROPIT_HOST_X86
+/// AVX-512: compacts full words [w0, w1) of x by masks[w - w0] to out; returns the end. Stores
+/// are whole vectors while `end` (one past the last value this call writes) leaves room, masked
+/// after that.
+template <class T>
+DROPIT_TARGET_AVX512 T* compact_words_avx512(const T* x, const std::uint32_t* masks, std::size_t w0,
+                                             std::size_t w1, T* out, const T* end) noexcept {
+  for (std::size_t w = w0; w < w1; ++w) {
+    const std::uint32_t m = masks[w - w0];
+    if (m == 0) continue;
+    const T* src = x + w * word_elements;
+    if constexpr (sizeof(T) == 4) {
+      for (unsigned h = 0; h < 2; ++h) {
+        const auto mh = static_cast<__mmask16>(m >> (16 * h));
+        const __m512i c = _mm512_maskz_compress_epi32(mh, _mm512_loadu_si512(src + 16 * h));
+        const int count = __builtin_popcount(mh);
+        if (end - out >= 16) {
+          _mm512_storeu_si512(out, c);
+        } else {
+          _mm512_mask_storeu_epi32(out, static_cast<__mmask16>((1u << count) - 1u), c);
+        }
+        out += count;
+      }
+    } else if constexpr (sizeof(T) == 2) {
+      for (unsigned h = 0; h < 2; ++h) {
+        const auto mh = static_cast<__mmask16>(m >> (16 * h));
+        const __m512i wide = _mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16 * h)));
+        const __m256i c = _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(mh, wide));
+        const int count = __builtin_popcount(mh);
+        if (end - out >= 16) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), c);
+        } else {
+          _mm256_mask_storeu_epi16(out, static_cast<__mmask16>((1u << count) - 1u), c);
+        }
+        out += count;
+      }
+    } else {
+      static_assert(sizeof(T) == 8);
+      for (unsigned q = 0; q < 4; ++q) {
+        const auto mq = static_cast<__mmask8>(m >> (8 * q));
+        const __m512i c = _mm512_maskz_compress_epi64(mq, _mm512_loadu_si512(src + 8 * q));
+        const int count = __builtin_popcount(mq);
+        if (end - out >= 8) {
+          _mm512_storeu_si512(out, c);
+        } else {
+          _mm512_mask_storeu_epi64(out, static_cast<__mmask8>((1u << count) - 1u), c);
+        }
+        out += count;
+      }
+    }
+  }
+  return out;
+}
+
+/// AVX2, 4-byte elements: compacts full words [w0, w1) (at most a block) through a buffer that
+/// takes whole vectors, then copies the kept count out.
+template <class T>
+DROPIT_TARGET_AVX2 T* compact_words_avx2(const T* x, const std::uint32_t* masks, std::size_t w0,
+                                         std::size_t w1, T* out) noexcept {
+  static_assert(sizeof(T) == 4);
+  alignas(32) std::uint32_t buf[block_elements + 8];
+  std::size_t at = 0;
+  for (std::size_t w = w0; w < w1; ++w) {
+    const std::uint32_t m = masks[w - w0];
+    if (m == 0) continue;
+    const T* src = x + w * word_elements;
+    for (unsigned g = 0; g < 4; ++g) {
+      const unsigned mg = m >> (8 * g) & 0xffu;
+      const __m256i idx =
+          _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(compress_table[mg])));
+      const __m256i v = _mm256_permutevar8x32_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 8 * g)), idx);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf + at), v);
+      at += static_cast<std::size_t>(__builtin_popcount(mg));
+    }
+  }
+  std::memcpy(static_cast<void*>(out), buf, at * sizeof(T));
+  return out + at;
+}
+#endif
+
+/// Compacts words [w0, w1) (at most a block) of an n-element x by masks[w - w0] to out, in
+/// index order, `end` being one past the last value written; returns the end.
+template <class T>
+T* compact_words(const T* x, std::size_t n, const std::uint32_t* masks, std::size_t w0,
+                 std::size_t w1, T* out, const T* end, host_isa isa) noexcept {
+  const std::size_t full = std::min(w1, n / word_elements);
+  std::size_t w = w0;
+#if DROPIT_HOST_X86
+  if (w0 < full) {
+    if (isa == host_isa::avx512 && (sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8)) {
+      out = compact_words_avx512(x, masks, w0, full, out, end);
+      w = full;
+    } else if (isa >= host_isa::avx2 && sizeof(T) == 4) {
+      if constexpr (sizeof(T) == 4) {
+        out = compact_words_avx2(x, masks, w0, full, out);
+        w = full;
+      }
+    }
+  }
+#else
+  (void)isa;
+  (void)full;
+  (void)end;
+#endif
+  for (; w < w1; ++w)
+    out = host_compact_word(x + w * word_elements, masks[w - w0], out);
+  return out;
+}
+
+/// The kept masks of words [w0, w1) (a block) under the exact threshold th; the classifier is
+/// built with hi = lo = th.t.
+template <class P, class T>
+void mark_block(const word_classifier<P, T>& cls, std::size_t w0, std::size_t w1,
+                threshold<key_type_t<P, T>> th, std::uint32_t* masks) noexcept {
+  std::uint32_t ge[block_elements / word_elements];
+  (void)cls.classify(w0, w1, masks, ge);
+  for (std::size_t w = w0; w < w1; ++w) {
+    const std::uint32_t gt = masks[w - w0];
+    masks[w - w0] = gt | (ge[w - w0] & ~gt & below_cut(w, th.cut));
+  }
+}
+
+/**
+ * Bitmask encoding, blocks [b0, b1): with `from_candidates` the words already hold the kept set;
+ * else every block is classified against the threshold. Writes the block offsets and the values.
+ */
+template <class P, class T, class Offset>
+void host_compact_bitmask(const word_classifier<P, T>& cls,
+                          const host_selection<key_type_t<P, T>>& sel, const T* x, std::size_t n,
+                          std::size_t b0, std::size_t b1, std::uint32_t* words, Offset* offsets,
+                          T* values, host_isa isa) {
+  for (std::size_t b = b0; b < b1; ++b) {
+    const std::size_t at = sel.block_start[b];
+    offsets[b] = static_cast<Offset>(at);
+    const word_span ws = block_words(b, b + 1, n);
+    if (!sel.from_candidates) mark_block(cls, ws.w0, ws.w1, sel.th, words + ws.w0);
+    (void)compact_words(x, n, words + ws.w0, ws.w0, ws.w1, values + at,
+                        values + sel.block_start[b + 1], isa);
+  }
+}
+
+/// Index-list encoding, blocks [b0, b1): kept values and their indices.
+template <class P, class T, class Index>
+void host_compact_index(const word_classifier<P, T>& cls,
+                        const host_selection<key_type_t<P, T>>& sel, const T* x, std::size_t n,
+                        std::size_t b0, std::size_t b1, T* values, Index* index) {
+  for (std::size_t b = b0; b < b1; ++b) {
+    std::size_t at = sel.block_start[b];
+    if (sel.from_candidates) {
+      // The entries of the block (keys >= lo, in index order) that the threshold keeps.
+      const std::size_t first = sel.cand.at[b];
+      const std::size_t last = first + sel.cand.count[b];
+      const std::size_t base = b * block_elements;
+      for (std::size_t s = first; s < last; ++s) {
+        const std::size_t i = base + sel.cand.offs[s];
+        if (sel.th.keeps(sel.cand.keys[s], i)) {
+          values[at] = x[i];
+          index[at] = static_cast<Index>(i);
+          ++at;
+        }
+      }
+    } else {
+      const word_span ws = block_words(b, b + 1, n);
+      std::uint32_t masks[block_elements / word_elements];
+      mark_block(cls, ws.w0, ws.w1, sel.th, masks);
+      for (std::size_t w = ws.w0; w < ws.w1; ++w) {
+        const std::size_t base = w * word_elements;
+        for (std::uint32_t m = masks[w - ws.w0]; m != 0; m &= m - 1) {
+          const std::size_t i = base + static_cast<std::size_t>(std::countr_zero(m));
+          values[at] = x[i];
+          index[at] = static_cast<Index>(i);
+          ++at;
+        }
+      }
+    }
+  }
+}
+
+/// Restores word w (mask m, count <= 32 elements) one kept value at a time; returns the values
+/// not yet used.
+template <class T>
+inline const T* expand_word_scalar(const T* v, std::uint32_t m, T* o, std::size_t count,
+                                   restore_value<T> op) noexcept {
+  // All-zero bits are +0 in every element type (memset also vectorises for the half types,
+  // whose assignment loops the compiler does not).
+  if (count == word_elements) {
+    std::memset(static_cast<void*>(o), 0, word_elements * sizeof(T));
+  } else {
+    std::memset(static_cast<void*>(o), 0, count * sizeof(T));
+  }
+  if (op.apply) {
+    for (; m != 0; m &= m - 1)
+      o[std::countr_zero(m)] = op(*v++);
+  } else {
+    for (; m != 0; m &= m - 1)
+      o[std::countr_zero(m)] = *v++;
+  }
+  return v;
+}
+
+#if DROPIT_HOST_X86
+/// AVX-512, 4- and 8-byte elements: restores full words [w0, w1) (values unscaled); returns the
+/// values not yet used.
+template <class T>
+DROPIT_TARGET_AVX512 const T* expand_words_avx512(const T* v, const std::uint32_t* words,
+                                                  std::size_t w0, std::size_t w1, T* out) noexcept {
+  for (std::size_t w = w0; w < w1; ++w) {
+    const std::uint32_t m = words[w];
+    T* o = out + w * word_elements;
+    if constexpr (sizeof(T) == 4) {
+      for (unsigned h = 0; h < 2; ++h) {
+        const auto mh = static_cast<__mmask16>(m >> (16 * h));
+        const int count = __builtin_popcount(mh);
+        const __m512i src = _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << count) - 1u), v);
+        _mm512_storeu_si512(o + 16 * h, _mm512_maskz_expand_epi32(mh, src));
+        v += count;
+      }
+    } else {
+      static_assert(sizeof(T) == 8);
+      for (unsigned q = 0; q < 4; ++q) {
+        const auto mq = static_cast<__mmask8>(m >> (8 * q));
+        const int count = __builtin_popcount(mq);
+        const __m512i src = _mm512_maskz_loadu_epi64(static_cast<__mmask8>((1u << count) - 1u), v);
+        _mm512_storeu_si512(o + 8 * q, _mm512_maskz_expand_epi64(mq, src));
+        v += count;
+      }
+    }
+  }
+  return v;
+}
+
+/// AVX2, 4-byte elements: restores full words [w0, w1); `end` bounds the values that may be
+/// read (a group whose eight-value load would pass it takes the scalar path).
+template <class T>
+DROPIT_TARGET_AVX2 const T* expand_words_avx2(const T* v, const T* end, const std::uint32_t* words,
+                                              std::size_t w0, std::size_t w1, T* out) noexcept {
+  static_assert(sizeof(T) == 4);
+  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  for (std::size_t w = w0; w < w1; ++w) {
+    const std::uint32_t m = words[w];
+    T* o = out + w * word_elements;
+    for (unsigned g = 0; g < 4; ++g) {
+      const unsigned mg = m >> (8 * g) & 0xffu;
+      T* og = o + 8 * g;
+      if (mg == 0) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(og), _mm256_setzero_si256());
+        continue;
+      }
+      if (end - v < 8) {
+        v = expand_word_scalar(v, mg, og, 8, restore_value<T>{});
+        continue;
+      }
+      const __m256i idx =
+          _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(expand_table[mg])));
+      const __m256i src = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
+      const __m256i lanes =
+          _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(mg)), bit), bit);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(og),
+                          _mm256_and_si256(_mm256_permutevar8x32_epi32(src, idx), lanes));
+      v += __builtin_popcount(mg);
+    }
+  }
+  return v;
+}
+#endif
+
+/// Restores blocks [b0, b1) from the bitmask encoding; k values in all.
+template <class T, class Offset>
+void host_expand_bitmask(const T* values, std::size_t k, const std::uint32_t* words,
+                         const Offset* offsets, std::size_t n, std::size_t b0, std::size_t b1,
+                         T* out, restore_value<T> op, host_isa isa) {
+  for (std::size_t b = b0; b < b1; ++b) {
+    const T* v = values + static_cast<std::size_t>(offsets[b]);
+    const word_span ws = block_words(b, b + 1, n);
+    const std::size_t full = std::min(ws.w1, n / word_elements);
+    std::size_t w = ws.w0;
+#if DROPIT_HOST_X86
+    // 16-bit elements: zeroing a word and storing its few kept values one by one beats the
+    // widen-expand-narrow sequence (measured: bench/README.md).
+    if (!op.apply && w < full) {
+      if (isa == host_isa::avx512 && (sizeof(T) == 4 || sizeof(T) == 8)) {
+        if constexpr (sizeof(T) == 4 || sizeof(T) == 8) {
+          v = expand_words_avx512(v, words, w, full, out);
+          w = full;
+        }
+      } else if (isa >= host_isa::avx2 && sizeof(T) == 4) {
+        if constexpr (sizeof(T) == 4) {
+          v = expand_words_avx2(v, values + k, words, w, full, out);
+          w = full;
+        }
+      }
+    }
+#else
+    (void)isa;
+    (void)k;
+#endif
+    for (; w < ws.w1; ++w) {
+      const std::size_t base = w * word_elements;
+      v = expand_word_scalar(v, words[w], out + base, std::min(word_elements, n - base), op);
+    }
+  }
+}
+
+/// Restores elements [begin, end) from an index list.
+template <class T, class Index>
+void host_expand_index(const T* values, const Index* index, std::size_t k, std::size_t begin,
+                       std::size_t end, T* out, restore_value<T> op) {
+  const std::size_t first =
+      static_cast<std::size_t>(std::lower_bound(index, index + k, begin) - index);
+  expand_index_range(values, index, k, first, begin, end, out, op);
+}
+
+}  // namespace dropit::detail
+
+DROPIT_AVX512_WARNINGS_ON

@@ -1,0 +1,369 @@
+// The host executor's selection paths (sampled guess that hits, guess that misses or overflows,
+// forced fallback, one-key ranges) and its fork-join, against the brute-force oracle: every
+// payload must equal, byte for byte, the payload built here from the oracle's kept indices.
+// Built twice: as part of core_test (std::thread pool) and, when OpenMP is found, as
+// host_select_omp_test (the OpenMP path).
+#include "test_support.hpp"
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <limits>
+#include <memory_resource>
+#include <thread>
+
+using namespace dropit_test;
+using dropit::detail::host_select_path;
+using dropit::detail::host_select_report;
+using dropit::detail::host_select_tuning;
+
+namespace {
+
+/// The payload the format description gives for x with the given kept indices (ascending).
+template <class T>
+std::vector<std::byte> expected_payload(std::span<const T> x,
+                                        const std::vector<std::size_t>& kept) {
+  const std::size_t n = x.size();
+  const auto l = dropit::make_layout(n, kept.size(), sizeof(T));
+  std::vector<std::byte> b(l.total_bytes, std::byte{0});
+  for (std::size_t j = 0; j < kept.size(); ++j)
+    std::memcpy(b.data() + l.values_offset + j * sizeof(T), &x[kept[j]], sizeof(T));
+  auto put = [&](std::size_t at, auto v) { std::memcpy(b.data() + at, &v, sizeof v); };
+  switch (l.positions) {
+    case dropit::position_encoding::bitmask: {
+      std::vector<std::uint32_t> words(l.words(), 0);
+      for (std::size_t i : kept)
+        words[i / 32] |= std::uint32_t{1} << (i % 32);
+      for (std::size_t w = 0; w < words.size(); ++w)
+        put(l.positions_offset + 4 * w, words[w]);
+      std::size_t j = 0;
+      for (std::size_t blk = 0; blk < l.blocks(); ++blk) {
+        while (j < kept.size() && kept[j] < blk * 1024)
+          ++j;
+        if (l.wide()) {
+          put(l.block_offsets_offset + 8 * blk, static_cast<std::uint64_t>(j));
+        } else {
+          put(l.block_offsets_offset + 4 * blk, static_cast<std::uint32_t>(j));
+        }
+      }
+      break;
+    }
+    case dropit::position_encoding::index32:
+      for (std::size_t j = 0; j < kept.size(); ++j)
+        put(l.positions_offset + 4 * j, static_cast<std::uint32_t>(kept[j]));
+      break;
+    case dropit::position_encoding::index64:
+      for (std::size_t j = 0; j < kept.size(); ++j)
+        put(l.positions_offset + 8 * j, static_cast<std::uint64_t>(kept[j]));
+      break;
+    case dropit::position_encoding::none:
+      break;
+  }
+  return b;
+}
+
+/// Packs through the host driver with the given knobs; returns the payload bytes and the path.
+template <class T, class P>
+std::pair<std::vector<std::byte>, host_select_report> tuned_pack(const P& policy,
+                                                                 std::span<const T> x,
+                                                                 unsigned threads,
+                                                                 const host_select_tuning& t) {
+  const auto layout = dropit::make_layout(x.size(), policy.kept(x.size()), sizeof(T));
+  host_select_report report;
+  report.samples = std::numeric_limits<std::size_t>::max();  // untouched unless a selection ran
+  const auto p = dropit::detail::host_pack(policy, x.data(), layout, threads,
+                                           std::pmr::new_delete_resource(), t, &report);
+  return {std::vector<std::byte>(p.data(), p.data() + p.bytes()), report};
+}
+
+/// Checks one pack against the oracle; returns the path it took.
+template <class T, class P>
+host_select_path check_pack(const P& policy, std::span<const T> x, unsigned threads,
+                            const host_select_tuning& t = {}) {
+  const std::size_t k = policy.kept(x.size());
+  const auto [bytes, report] = tuned_pack<T>(policy, x, threads, t);
+  CHECK(bytes == expected_payload<T>(x, oracle_by_key<T>(policy, x, k)));
+  return report.path;
+}
+
+/// Inputs with the threshold among many equal keys: values from a small set.
+template <class T>
+std::vector<T> few_values(std::size_t n, int distinct, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::vector<T> x(n);
+  for (auto& v : x)
+    v = from_double<T>(static_cast<double>(static_cast<int>(gen() % distinct)) - distinct / 2);
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("host selection: the sampled guess hits on normal data, every encoding", T,
+                   DROPIT_TEST_TYPES) {
+  for (std::size_t n : {std::size_t{5000}, std::size_t{40000}, (std::size_t{1} << 18) + 3}) {
+    const auto x = normal_values<T>(n, 11 + n);
+    for (double g : {0.5, 0.9, 0.99}) {
+      for (unsigned threads : {1u, 2u}) {
+        CAPTURE(n);
+        CAPTURE(g);
+        CAPTURE(threads);
+        // half types round Normal(0, 1) to few values: the range can be a single key there.
+        const auto m = check_pack<T>(dropit::MinK<>{g}, std::span<const T>(x), threads);
+        if (sizeof(T) >= 4) CHECK(m == host_select_path::candidates);
+        const auto r = check_pack<T>(dropit::Random<>{g, 3}, std::span<const T>(x), threads);
+        CHECK(r == host_select_path::candidates);
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("host selection: the forced fallback gives the same bytes", T,
+                   DROPIT_TEST_TYPES) {
+  const host_select_tuning forced{.force_fallback = true};
+  for (std::size_t n : {std::size_t{1}, std::size_t{33}, std::size_t{1025}, std::size_t{70001}}) {
+    const auto x = normal_values<T>(n, 5 + n);
+    for (double g : {0.1, 0.5, 0.9, 0.99}) {
+      for (unsigned threads : {1u, 2u}) {
+        CAPTURE(n);
+        CAPTURE(g);
+        CAPTURE(threads);
+        const std::size_t k = dropit::MinK<>{g}.kept(n);
+        const auto m = check_pack<T>(dropit::MinK<>{g}, std::span<const T>(x), threads, forced);
+        const auto r =
+            check_pack<T>(dropit::Random<>{g, 9}, std::span<const T>(x), threads, forced);
+        if (k > 0 && k < n) {
+          CHECK(m == host_select_path::fallback);
+          CHECK(r == host_select_path::fallback);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("host selection: a guess that misses or overflows falls back, exactly") {
+  // A tiny sample with no margin brackets the k-th key only by luck: across seeds, some guesses
+  // miss (the k-th key outside [lo, hi]) and take the fallback, the others hit.
+  const host_select_tuning narrow{.sample = 16, .margin = 0.0};
+  int fallbacks = 0, hits = 0;
+  for (std::uint64_t seed = 0; seed < 24; ++seed) {
+    const auto x = normal_values<float>(20000 + seed * 97, seed);
+    CAPTURE(seed);
+    const auto p = check_pack<float>(dropit::MinK<0.9>{}, std::span<const float>(x), 2, narrow);
+    fallbacks += p == host_select_path::fallback;
+    hits += p == host_select_path::candidates;
+  }
+  CHECK(fallbacks > 0);
+  CHECK(hits > 0);
+
+  // A narrow first range that misses is retried three times as wide before the fallback.
+  int retried_hits = 0;
+  for (std::uint64_t seed = 0; seed < 24; ++seed) {
+    const auto x = normal_values<float>(30000 + seed * 89, 100 + seed);
+    const auto [bytes, report] = tuned_pack<float>(dropit::MinK<0.9>{}, std::span<const float>(x),
+                                                   2, {.sample = 256, .margin = 0.4});
+    CHECK(bytes ==
+          expected_payload<float>(x, oracle_mink<float>(x, dropit::MinK<0.9>{}.kept(x.size()))));
+    retried_hits += report.attempts == 2 && report.path == host_select_path::candidates;
+  }
+  CHECK(retried_hits > 0);
+
+  // One candidate slot per worker: the count pass overflows and the selection falls back.
+  const auto x = normal_values<float>(50000, 1);
+  for (unsigned threads : {1u, 2u}) {
+    for (double g : {0.5, 0.9, 0.99}) {
+      const auto [bytes, report] =
+          tuned_pack<float>(dropit::MinK<>{g}, std::span<const float>(x), threads, {.capacity = 1});
+      CHECK(report.overflow);
+      CHECK(report.path == host_select_path::fallback);
+      CHECK(bytes ==
+            expected_payload<float>(x, oracle_mink<float>(x, dropit::MinK<>{g}.kept(x.size()))));
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("host selection: heavy ties at the threshold, all-equal, NaN and Inf", T,
+                   DROPIT_TEST_TYPES) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // The largest size is above the executor's parallel threshold (2 threads are used).
+  for (std::size_t n : {std::size_t{4097}, std::size_t{65537}, std::size_t{140000}}) {
+    CAPTURE(n);
+    std::vector<std::pair<const char*, std::vector<T>>> inputs;
+    inputs.emplace_back("five values", few_values<T>(n, 5, n));
+    inputs.emplace_back("two values", few_values<T>(n, 2, n + 1));
+    inputs.emplace_back("all equal", std::vector<T>(n, from_double<T>(-2.5)));
+    std::vector<T> special = normal_values<T>(n, n + 2);
+    for (std::size_t i = 0; i < n; i += 7)
+      special[i] = from_double<T>(i % 3 == 0 ? nan : (i % 3 == 1 ? inf : -inf));
+    inputs.emplace_back("nan and inf", special);
+    std::vector<T> zeros = normal_values<T>(n, n + 3);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i % 5 < 3) zeros[i] = from_double<T>(i % 2 ? 0.0 : -0.0);  // post-ReLU-like
+    }
+    inputs.emplace_back("60% zeros", zeros);
+    for (const auto& [name, x] : inputs) {
+      for (double g : {0.3, 0.5, 0.9, 0.99}) {
+        for (unsigned threads : {1u, 2u}) {
+          CAPTURE(name);
+          CAPTURE(g);
+          CAPTURE(threads);
+          (void)check_pack<T>(dropit::MinK<>{g}, std::span<const T>(x), threads);
+          (void)check_pack<T>(dropit::MinK<>{g}, std::span<const T>(x), threads,
+                              {.force_fallback = true});
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("host selection: every path is reached") {
+  // all equal: the sampled range is one key (lo == hi), resolved from per-block tie counts
+  const std::vector<float> same(100000, 1.0f);
+  CHECK(check_pack<float>(dropit::MinK<0.9>{}, std::span<const float>(same), 2) ==
+        host_select_path::ties);
+  // small inputs are sampled whole: the range is exactly the k-th key
+  const auto small = normal_values<float>(3000, 4);
+  CHECK(check_pack<float>(dropit::MinK<0.9>{}, std::span<const float>(small), 1) ==
+        host_select_path::ties);
+  // the threshold among many ties, resolved from the candidates with a cut
+  const auto ties = few_values<float>(200000, 64, 5);
+  CHECK(check_pack<float>(dropit::MinK<0.9>{}, std::span<const float>(ties), 2, {.margin = 8.0}) ==
+        host_select_path::candidates);
+}
+
+TEST_CASE_TEMPLATE("host selection: sizes around block boundaries and the parallel threshold", T,
+                   float) {
+  const std::size_t pt = dropit::host_executor::parallel_threshold;
+  for (std::size_t n : {std::size_t{31}, std::size_t{32}, std::size_t{1023}, std::size_t{1024},
+                        std::size_t{1025}, std::size_t{4095}, std::size_t{4096}, std::size_t{4097},
+                        std::size_t{32 * 1024 + 1}, pt - 1, pt, pt + 1}) {
+    const auto x = normal_values<T>(n, 77 + n);
+    for (double g : {0.5, 0.9, 0.99}) {
+      CAPTURE(n);
+      CAPTURE(g);
+      std::vector<std::vector<std::byte>> all;
+      for (unsigned threads : {1u, 2u, 3u, 8u}) {
+        (void)check_pack<T>(dropit::MinK<>{g}, std::span<const T>(x), threads);
+        (void)check_pack<T>(dropit::Random<>{g, n}, std::span<const T>(x), threads);
+      }
+      // Through the executor too (its threshold picks the thread count).
+      dropit::SparseCache<T, dropit::MinK<>> c{dropit::MinK<>{g}};
+      c.pack(dropit::host_executor{.threads = 2}, x);
+      const auto b = c.payload();
+      CHECK(std::vector<std::byte>(b.begin(), b.end()) ==
+            expected_payload<T>(x, oracle_mink<T>(x, c.kept())));
+      std::vector<T> out(n);
+      c.restore(dropit::host_executor{.threads = 2}, std::span<T>(out));
+      CHECK(same_bits<T>(out, dense_from<T>(x, oracle_mink<T>(x, c.kept()))));
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("every instruction set gives the oracle's bytes, packing and restoring", T,
+                   DROPIT_TEST_TYPES) {
+  using dropit::detail::host_isa;
+  const host_isa have = dropit::detail::detect_host_isa();
+  auto& cap = dropit::detail::host_isa_cap();
+  const int saved = cap.load();
+  for (host_isa isa : {host_isa::baseline, host_isa::avx2, host_isa::avx512}) {
+    if (static_cast<int>(isa) > static_cast<int>(have)) {
+      MESSAGE("instruction set " << static_cast<int>(isa) << " skipped: this CPU lacks it");
+      continue;
+    }
+    cap.store(static_cast<int>(isa));
+    for (std::size_t n : {std::size_t{1000}, std::size_t{33000}, std::size_t{70001}}) {
+      auto x = normal_values<T>(n, 31 + n);
+      for (std::size_t i = 5; i < n; i += 101)
+        x[i] = from_double<T>(i % 2 ? std::numeric_limits<double>::quiet_NaN()
+                                    : -std::numeric_limits<double>::infinity());
+      for (double g : {0.5, 0.9, 0.99}) {
+        for (unsigned threads : {1u, 2u}) {
+          CAPTURE(static_cast<int>(isa));
+          CAPTURE(n);
+          CAPTURE(g);
+          CAPTURE(threads);
+          (void)check_pack<T>(dropit::MinK<>{g}, std::span<const T>(x), threads);
+          (void)check_pack<T>(dropit::Random<>{g, 17}, std::span<const T>(x), threads);
+          (void)check_pack<T>(dropit::MinK<>{g}, std::span<const T>(x), threads,
+                              {.force_fallback = true});
+          // Restore through the same instruction set.
+          for (const bool random : {false, true}) {
+            const std::size_t k = dropit::MinK<>{g}.kept(n);
+            const auto kept =
+                random ? oracle_by_key<T>(dropit::Random<>{g, 17}, x, k) : oracle_mink<T>(x, k);
+            const auto layout = dropit::make_layout(n, k, sizeof(T));
+            const auto p =
+                random ? dropit::detail::host_pack(dropit::Random<>{g, 17}, x.data(), layout,
+                                                   threads, std::pmr::new_delete_resource())
+                       : dropit::detail::host_pack(dropit::MinK<>{g}, x.data(), layout, threads,
+                                                   std::pmr::new_delete_resource());
+            std::vector<T> out(n, from_double<T>(7.0));
+            dropit::detail::host_restore(p, layout, out.data(), 1.0, threads);
+            CHECK(same_bits<T>(out, dense_from<T>(x, kept)));
+          }
+        }
+      }
+    }
+  }
+  cap.store(saved);
+}
+
+TEST_CASE("inputs below the parallel threshold take the single-thread path") {
+  const std::size_t pt = dropit::host_executor::parallel_threshold;
+  const dropit::host_executor two{.threads = 2};
+  CHECK(two.thread_count(pt - 1) == 1);
+  CHECK(two.thread_count(pt) == 2);
+  CHECK(dropit::host_executor{}.thread_count(pt) == dropit::detail::hardware_threads());
+}
+
+TEST_CASE("parallel_for covers every item once, for any thread and item count") {
+  for (unsigned threads : {1u, 2u, 3u, 5u, 16u}) {
+    for (std::size_t items : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{7},
+                              std::size_t{100}, std::size_t{100003}}) {
+      CAPTURE(threads);
+      CAPTURE(items);
+      std::vector<std::atomic<int>> seen(items);
+      std::atomic<bool> bad_worker{false};
+      dropit::detail::parallel_for(threads, items, [&](std::size_t b, std::size_t e, unsigned t) {
+        if (t >= threads || b > e || e > items) bad_worker = true;
+        for (std::size_t i = b; i < e; ++i)
+          seen[i].fetch_add(1);
+      });
+      CHECK_FALSE(bad_worker.load());
+      bool once = true;
+      for (auto& s : seen)
+        once = once && s.load() == 1;
+      CHECK(once);
+    }
+  }
+}
+
+TEST_CASE("packs from concurrent threads and nested calls give the same bytes") {
+  const auto x = normal_values<float>(300000, 8);
+  const auto want =
+      expected_payload<float>(x, oracle_mink<float>(x, dropit::MinK<0.9>{}.kept(x.size())));
+  // Concurrent callers: one holds the pool, the others run on threads of their own.
+  std::vector<std::jthread> callers;
+  std::atomic<int> wrong{0};
+  for (int c = 0; c < 4; ++c) {
+    callers.emplace_back([&] {
+      for (int r = 0; r < 5; ++r) {
+        dropit::SparseCache<float, dropit::MinK<0.9>> cache;
+        cache.pack(dropit::host_executor{.threads = 2}, x);
+        const auto b = cache.payload();
+        if (std::vector<std::byte>(b.begin(), b.end()) != want) ++wrong;
+      }
+    });
+  }
+  callers.clear();
+  CHECK(wrong.load() == 0);
+  // Nested: a pack inside a parallel_for body.
+  dropit::detail::parallel_for(2, 4, [&](std::size_t b, std::size_t e, unsigned) {
+    for (std::size_t i = b; i < e; ++i) {
+      dropit::SparseCache<float, dropit::MinK<0.9>> cache;
+      cache.pack(dropit::host_executor{.threads = 2}, x);
+      const auto p = cache.payload();
+      if (std::vector<std::byte>(p.begin(), p.end()) != want) ++wrong;
+    }
+  });
+  CHECK(wrong.load() == 0);
+}
