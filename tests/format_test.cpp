@@ -2,6 +2,10 @@
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
+#include <span>
+#include <type_traits>
+#include <vector>
+
 using dropit_test::ceil_div;
 using dropit_test::described_bytes;
 
@@ -64,4 +68,21 @@ TEST_CASE("bytes per input element meet the targets") {
   CHECK(per_element(0.99, 4) <= 0.085);  // fp32, gamma 0.99
   CHECK(per_element(0.9, 2) <= 0.33);    // fp16, gamma 0.9
   CHECK(per_element(0.0, 4) == 4.0);     // Identity / gamma 0: a dense copy, no positions
+}
+
+TEST_CASE("a packed cache's bytes() meets the same targets") {
+  // What a user sees: bytes() of a real pack, not only the layout arithmetic.
+  const std::size_t n = std::size_t{1} << 20;
+  auto per_element = [&](auto tag, double gamma) {
+    using T = typename decltype(tag)::type;
+    const std::vector<T> x = dropit_test::normal_values<T>(n, 7);
+    dropit::SparseCache<T, dropit::MinK<>> cache{dropit::MinK<>{gamma}};
+    cache.pack(dropit::host, std::span<const T>(x));
+    return static_cast<double>(cache.bytes()) / static_cast<double>(n);
+  };
+  CHECK(per_element(std::type_identity<float>{}, 0.9) <= 0.53);
+  CHECK(per_element(std::type_identity<float>{}, 0.99) <= 0.085);
+#if DROPIT_HAS_HALF
+  CHECK(per_element(std::type_identity<__half>{}, 0.9) <= 0.33);
+#endif
 }
