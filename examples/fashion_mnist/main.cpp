@@ -3,7 +3,7 @@
 //
 //   fashion_mnist --model cnn|vit --policy none|mink|random --gamma G --epochs E --batch-size B
 //                 --limit N --seed S --csv FILE [--masks on|off] [--mlp gelu|relu] [--threads T]
-//                 [--data DIR] [--lr LR]
+//                 [--data DIR] [--lr LR] [--exclude PATH]...
 //
 // Exit codes: 0 done (and the training loss fell), 1 the loss did not fall, 2 bad arguments,
 // 77 the data set is missing.
@@ -45,6 +45,7 @@ struct options {
   double lr = 0.0;           // 0: the model's default
   long long chunk_kib = -1;  // -1: the library's default piece size
   std::string data = "/usr/share/datasets/fashion-mnist";
+  std::vector<std::string> exclude;  // module paths to leave dense ("0": the CNN's first conv)
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -52,7 +53,7 @@ struct options {
                "fashion_mnist: %s\nusage: fashion_mnist [--model cnn|vit] [--policy "
                "none|mink|random] [--gamma G] [--epochs E] [--batch-size B] [--limit N] [--seed S] "
                "[--csv FILE] [--masks on|off] [--mlp gelu|relu] [--threads T] [--lr LR] [--data "
-               "DIR]\n",
+               "DIR] [--exclude PATH]...\n",
                why.c_str());
   std::exit(2);
 }
@@ -98,6 +99,8 @@ options parse(int argc, char** argv) {
         o.lr = std::stod(value());
       } else if (a == "--data") {
         o.data = value();
+      } else if (a == "--exclude") {
+        o.exclude.push_back(value());
       } else if (a == "--help" || a == "-h") {
         usage("help");
       } else {
@@ -156,6 +159,14 @@ double evaluate(torch::nn::Module& net, const std::function<torch::Tensor(torch:
   return 100.0 * static_cast<double>(correct) / static_cast<double>(n);
 }
 
+/// The paths separated by ';' (a CSV field without quoting).
+std::string joined(const std::vector<std::string>& paths) {
+  std::string out;
+  for (const std::string& p : paths)
+    out += (out.empty() ? "" : ";") + p;
+  return out;
+}
+
 std::string today() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -193,11 +204,17 @@ int main(int argc, char** argv) {
   // The model: the CNN is built from torch::nn layers and converted; the ViT uses dropit's types.
   std::shared_ptr<torch::nn::Module> net;
   std::function<torch::Tensor(torch::Tensor)> fwd;
+  // --exclude: these layers keep LibTorch's dense saved input (e.g. the first layer, which sees
+  // the raw image).
+  auto excluded = [&opt](const std::string& path, const torch::nn::Module&) {
+    return std::find(opt.exclude.begin(), opt.exclude.end(), path) != opt.exclude.end();
+  };
   dt::convert_report report;
   if (opt.model == "cnn") {
     auto cnn = fmnist::make_cnn();
     dt::convert_options co;
     co.masks = opt.masks;
+    co.exclude = excluded;
     report = dt::to_dropit(*cnn, policy, co);
     net = cnn.ptr();
     fwd = [cnn](torch::Tensor x) mutable { return cnn->forward(x); };
@@ -205,6 +222,7 @@ int main(int argc, char** argv) {
     fmnist::ViT vit(64, 4, 4, 256, opt.relu_mlp, opt.masks && policy.active());
     dt::convert_options co;
     co.masks = opt.masks;
+    co.exclude = excluded;
     report = dt::to_dropit(*vit, policy, co);
     if (!opt.masks) {
       for (auto& m : vit->modules()) {
@@ -213,6 +231,11 @@ int main(int argc, char** argv) {
     }
     net = vit.ptr();
     fwd = [vit](torch::Tensor x) mutable { return vit->forward(x); };
+  }
+  for (const std::string& path : opt.exclude) {
+    if (!net->named_modules().contains(path)) {
+      usage("--exclude " + path + ": no such module (paths look like 0, patch, blocks.0.qkv)");
+    }
   }
   const double lr = opt.lr > 0 ? opt.lr : 1e-3;
   torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(lr).weight_decay(
@@ -230,6 +253,8 @@ int main(int argc, char** argv) {
       "layers (%zu replaced)\n",
       opt.masks && policy.active() ? "on" : "off", static_cast<long long>(n),
       static_cast<long long>(opt.batch), opt.epochs, opt.threads, report.switched, report.replaced);
+  if (!opt.exclude.empty())
+    std::printf("  excluded (dense saved input): %s\n", joined(opt.exclude).c_str());
 
   progress bar(isatty(2) != 0);
   std::size_t max_activation = 0, max_peak = 0, max_held = 0, max_saved = 0;
@@ -325,7 +350,7 @@ int main(int argc, char** argv) {
       csv << "date,model,policy,gamma,masks,mlp,seed,epochs,batch,samples,threads,test_acc,"
              "activation_bytes,peak_step_bytes,held_before_bytes,saved_after_forward_bytes,"
              "dropit_sparse_bytes,dropit_mask_bytes,step_ms,epoch_s,first_loss,last_loss,"
-             "step_ms_median\n";
+             "step_ms_median,exclude\n";
     }
     csv << today() << ',' << opt.model << ',' << opt.policy << ','
         << (policy.active() ? opt.gamma : 0.0) << ','
@@ -334,7 +359,8 @@ int main(int argc, char** argv) {
         << opt.epochs << ',' << opt.batch << ',' << n << ',' << opt.threads << ',' << accuracy
         << ',' << max_activation << ',' << max_peak << ',' << max_held << ',' << max_saved << ','
         << max_cache.sparse << ',' << max_cache.masks << ',' << step_ms << ',' << last_epoch_seconds
-        << ',' << first_loss << ',' << last_loss << ',' << step_ms_median << '\n';
+        << ',' << first_loss << ',' << last_loss << ',' << step_ms_median << ','
+        << (opt.exclude.empty() ? std::string("-") : joined(opt.exclude)) << '\n';
   }
   (void)measured_steps;
   return last_loss < first_loss ? 0 : 1;

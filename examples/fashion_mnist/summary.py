@@ -25,7 +25,8 @@ def main(argv):
         sys.exit(__doc__)
     runs_path, table_path, dat_path, command = argv[1:]
     with open(runs_path, newline="") as f:
-        rows = list(csv.DictReader(f))
+        # Runs with --exclude (layers left dense) are not the configurations this table compares.
+        rows = [r for r in csv.DictReader(f) if r.get("exclude") in (None, "", "-")]
     if not rows:
         sys.exit(f"summary.py: no runs in {runs_path}")
 
