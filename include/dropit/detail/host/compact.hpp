@@ -331,10 +331,8 @@ DROPIT_TARGET_AVX2 const T* expand_words_avx2(const T* v, const T* end, const st
     for (unsigned g = 0; g < 4; ++g) {
       const unsigned mg = m >> (8 * g) & 0xffu;
       T* og = o + 8 * g;
-      if (mg == 0) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(og), _mm256_setzero_si256());
-        continue;
-      }
+      // No branch on mg == 0 (at gamma 0.9, 43% of the groups, in no predictable pattern): an
+      // empty group's lanes are all masked off below, and v does not move.
       if (end - v < 8) {
         v = expand_word_scalar(v, mg, og, 8, restore_value<T>{});
         continue;
