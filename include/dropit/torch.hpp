@@ -12,6 +12,7 @@
  * | torch/convert.hpp | `to_dropit(module, policy)` |
  * | torch/counting_allocator.hpp | `counting_allocator`, `cpu_allocator_guard` |
  * | torch/memory_resource.hpp | `cpu_resource()`: payloads from LibTorch's CPU allocator |
+ * | torch/packed.hpp | `packed_tensor`, `packed_mask`, `packed_pool_indices`: packs for a save-for-backward hook |
  */
 #pragma once
 
@@ -20,4 +21,5 @@
 #include <dropit/torch/functional.hpp>
 #include <dropit/torch/memory_resource.hpp>
 #include <dropit/torch/modules.hpp>
+#include <dropit/torch/packed.hpp>
 #include <dropit/torch/policy.hpp>

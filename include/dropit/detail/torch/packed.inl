@@ -1,0 +1,185 @@
+// Implementation of dropit::torch's saved-tensor packs (torch/packed.hpp).
+#pragma once
+
+#include <dropit/detail/torch/packed_kernels.hpp>
+#include <dropit/detail/torch/saved.hpp>
+
+#include <ATen/Dispatch.h>
+
+#include <memory>
+
+namespace dropit::torch {
+namespace detail {
+
+/// Throws unless t is a defined CPU strided tensor.
+inline void check_saved(const at::Tensor& t, const char* who) {
+  DROPIT_EXPECTS(t.defined(), "torch::", who, ": the tensor is undefined");
+  check_packable(t, who);
+}
+
+/// t itself when it is dense (contiguous or a permutation of it), else a contiguous copy.
+[[nodiscard]] inline at::Tensor dense_or_copy(const at::Tensor& t) {
+  return t.is_non_overlapping_and_dense() ? t : t.contiguous();
+}
+
+/// The strides a tensor restored for `dense` (a dense tensor) gets: its own.
+[[nodiscard]] inline at::Tensor empty_like_dense(const std::vector<std::int64_t>& sizes,
+                                                 const std::vector<std::int64_t>& strides,
+                                                 at::ScalarType dtype) {
+  return at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype));
+}
+
+}  // namespace detail
+
+// ---- packed_tensor -----------------------------------------------------------------------------
+
+inline packed_tensor packed_tensor::pack(const at::Tensor& t, const policy& p) {
+  detail::check_saved(t, "pack");
+  DROPIT_EXPECTS(t.is_contiguous(), "torch::pack: the tensor must be contiguous, got sizes ",
+                 t.sizes(), " and strides ", t.strides(), " (call .contiguous() first)");
+  return pack_saved(t, p);
+}
+
+inline packed_tensor packed_tensor::pack_saved(const at::Tensor& t, const policy& p) {
+  detail::check_saved(t, "pack");
+  p.validate();
+  const at::Tensor dense = detail::dense_or_copy(t);
+  auto box = std::make_unique<detail::cache_box>();
+  // Elements in memory order: a dense tensor's storage span from its data pointer.
+  box->cache.pack(dense, p);
+  box->dtype = dense.scalar_type();
+  box->counted = box->cache.bytes();
+  detail::counters().sparse.fetch_add(box->counted, std::memory_order_relaxed);
+  void* data = const_cast<std::byte*>(box->cache.data());
+  const std::size_t bytes = box->cache.bytes();
+  packed_tensor out;
+  out.sizes_ = dense.sizes().vec();
+  out.strides_ = dense.strides().vec();
+  out.dtype_ = dense.scalar_type();
+  out.owner_ =
+      detail::box_tensor(std::move(box), data, bytes, at::kByte, static_cast<std::int64_t>(bytes));
+  return out;
+}
+
+inline at::Tensor packed_tensor::restore() const {
+  DROPIT_EXPECTS(owner_.defined(), "torch::packed_tensor: restore of an empty pack");
+  const auto& box = detail::box_of<detail::cache_box>(owner_);
+  at::Tensor out = detail::empty_like_dense(sizes_, strides_, dtype_);
+  box.cache.restore(out);
+  return out;
+}
+
+inline std::size_t packed_tensor::bytes() const noexcept {
+  return owner_.defined() ? static_cast<std::size_t>(owner_.numel()) : 0;
+}
+
+inline std::size_t packed_tensor::kept() const noexcept {
+  if (!owner_.defined()) return 0;
+  const auto* box = dynamic_cast<const detail::cache_box*>(
+      static_cast<const detail::saved_box*>(owner_.storage().data_ptr().get_context()));
+  return box != nullptr ? box->cache.kept() : 0;
+}
+
+inline std::size_t packed_tensor::numel() const noexcept {
+  std::size_t n = 1;
+  for (const std::int64_t s : sizes_)
+    n *= static_cast<std::size_t>(s);
+  return owner_.defined() ? n : 0;
+}
+
+// ---- packed_mask -------------------------------------------------------------------------------
+
+inline packed_mask packed_mask::relu(const at::Tensor& y) {
+  detail::check_saved(y, "relu mask");
+  DROPIT_EXPECTS(at::isFloatingType(y.scalar_type()),
+                 "torch::relu mask: a floating-point tensor is needed, got ", y.scalar_type());
+  const at::Tensor dense = detail::dense_or_copy(y);
+  const std::int64_t n = dense.numel();
+  packed_mask out;
+  out.words_ = detail::make_mask((n + 31) / 32);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, dense.scalar_type(), "dropit_mask", [&] {
+        detail::positive_mask(dense.data_ptr<scalar_t>(),
+                              reinterpret_cast<std::uint32_t*>(out.words_.data_ptr()), n);
+      });
+  out.sizes_ = dense.sizes().vec();
+  out.strides_ = dense.strides().vec();
+  out.dtype_ = dense.scalar_type();
+  return out;
+}
+
+inline at::Tensor packed_mask::restore() const {
+  DROPIT_EXPECTS(words_.defined(), "torch::packed_mask: restore of an empty mask");
+  at::Tensor out = detail::empty_like_dense(sizes_, strides_, dtype_);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype_, "dropit_unmask", [&] {
+    detail::expand_mask(reinterpret_cast<const std::uint32_t*>(words_.data_ptr()),
+                        out.data_ptr<scalar_t>(), out.numel());
+  });
+  return out;
+}
+
+inline std::size_t packed_mask::bytes() const noexcept {
+  return words_.defined() ? static_cast<std::size_t>(words_.numel()) * sizeof(std::int32_t) : 0;
+}
+
+inline std::size_t packed_mask::numel() const noexcept {
+  std::size_t n = 1;
+  for (const std::int64_t s : sizes_)
+    n *= static_cast<std::size_t>(s);
+  return words_.defined() ? n : 0;
+}
+
+// ---- packed_pool_indices -----------------------------------------------------------------------
+
+inline packed_pool_indices packed_pool_indices::pack(const at::Tensor& indices, std::int64_t in_h,
+                                                     std::int64_t in_w,
+                                                     const max_pool2d_params& params) {
+  detail::check_saved(indices, "pool indices");
+  DROPIT_EXPECTS(indices.scalar_type() == at::kLong,
+                 "torch::pool indices: int64 indices are needed, got ", indices.scalar_type());
+  DROPIT_EXPECTS(indices.dim() == 3 || indices.dim() == 4,
+                 "torch::pool indices: indices must be 3-d or 4-d, got ", indices.dim(), "-d");
+  DROPIT_EXPECTS(in_h > 0 && in_w > 0, "torch::pool indices: input size must be positive, got ",
+                 in_h, "x", in_w);
+  // The geometry of an input with the indices' planes and the given height and width.
+  std::vector<std::int64_t> in_sizes = indices.sizes().vec();
+  in_sizes[in_sizes.size() - 2] = in_h;
+  in_sizes.back() = in_w;
+  const at::Tensor shape_only = at::empty({1}).expand(in_sizes);  // sizes only, no storage
+  const detail::pool_geometry g = detail::pool_geometry_of(shape_only, params);
+  DROPIT_EXPECTS(g.oh == indices.size(-2) && g.ow == indices.size(-1),
+                 "torch::pool indices: indices of ", indices.size(-2), "x", indices.size(-1),
+                 " outputs do not match a ", in_h, "x", in_w, " input and this window (", g.oh, "x",
+                 g.ow, " outputs)");
+  // Plane order: contiguous NCHW (a channels-last tensor is copied, and restored channels-last).
+  const at::Tensor planes = indices.contiguous();
+  packed_pool_indices out;
+  out.words_ = detail::make_mask(g.code_words());
+  const bool ok = detail::encode_pool_indices(
+      planes.data_ptr<std::int64_t>(), reinterpret_cast<std::uint32_t*>(out.words_.data_ptr()), g);
+  DROPIT_EXPECTS(ok,
+                 "torch::pool indices: an index lies outside its pooling window (not indices "
+                 "of this max pooling)");
+  const at::Tensor dense = detail::dense_or_copy(indices);
+  out.sizes_ = dense.sizes().vec();
+  out.strides_ = dense.strides().vec();
+  out.geometry_ = g;
+  return out;
+}
+
+inline at::Tensor packed_pool_indices::restore() const {
+  DROPIT_EXPECTS(words_.defined(), "torch::packed_pool_indices: restore of an empty pack");
+  at::Tensor planes = at::empty(sizes_, at::TensorOptions().dtype(at::kLong));
+  detail::decode_pool_indices(reinterpret_cast<const std::uint32_t*>(words_.data_ptr()),
+                              planes.data_ptr<std::int64_t>(), geometry_);
+  if (planes.strides() == at::IntArrayRef(strides_)) return planes;
+  at::Tensor out = detail::empty_like_dense(sizes_, strides_, at::kLong);
+  out.copy_(planes);
+  return out;
+}
+
+inline std::size_t packed_pool_indices::bytes() const noexcept {
+  return words_.defined() ? static_cast<std::size_t>(words_.numel()) * sizeof(std::int32_t) : 0;
+}
+
+}  // namespace dropit::torch

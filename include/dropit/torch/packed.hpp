@@ -1,0 +1,135 @@
+/**
+ * @file packed.hpp
+ * @brief Tensors packed for backward by a save-for-backward hook (PyTorch's
+ * `torch.autograd.graph.saved_tensors_hooks`, or any engine's): the pack side turns a saved
+ * tensor into a small owner, the unpack side rebuilds the tensor backward reads.
+ *
+ * | type | packs | restore() gives |
+ * | --- | --- | --- |
+ * | `packed_tensor` | any floating tensor, through a `SparseCache` (policy `mink`, `random`,
+ * `identity`) | the dense tensor: kept values in place, zeros elsewhere | | `packed_mask` | a
+ * ReLU's saved output, 1 bit per element (`!(y <= 0)`) | 1 where the bit is set, 0 elsewhere:
+ * ReLU's backward (`threshold_backward(g, y, 0)`) reads nothing else, so the gradient is exact | |
+ * `packed_pool_indices` | a 2-d max pooling's int64 argmax indices, as window positions in
+ * ceil(log2(kH kW)) bits (rounded up to a power of two) | the int64 indices |
+ *
+ * Every payload comes from LibTorch's CPU allocator (a `counting_allocator` sees it) and is
+ * counted in `live_saved_bytes()` (sparse caches as `sparse`, masks and pooling codes as `masks`)
+ * until the object is destroyed. Restored tensors have the saved tensor's sizes and strides when it
+ * was dense (contiguous or a permutation of it, channels-last included; elements are then taken in
+ * memory order), contiguous strides otherwise. CPU tensors only (the host executor); anything else
+ * throws `dropit::error`.
+ *
+ * @code
+ * dropit::torch::packed_tensor p = dropit::torch::packed_tensor::pack(x, {policy_kind::mink, 0.9});
+ * // ... backward:
+ * at::Tensor x_sparse = p.restore();   // x's top 10% magnitudes, zeros elsewhere
+ * @endcode
+ */
+#pragma once
+
+#include <dropit/torch/functional.hpp>
+#include <dropit/torch/policy.hpp>
+
+#include <ATen/ATen.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace dropit::torch {
+
+/// @brief A tensor packed through a `SparseCache`, with what restoring it needs.
+class packed_tensor {
+ public:
+  /**
+   * @brief Packs a contiguous CPU tensor (float, double; half and bfloat16 with the CUDA
+   * toolkit's headers) with policy p. Positions are counted in row-major order.
+   * @throw dropit::error for an undefined, non-CPU, non-strided or non-contiguous tensor, an
+   * unsupported dtype, or a bad gamma. Nothing is allocated then.
+   */
+  [[nodiscard]] static packed_tensor pack(const at::Tensor& t, const policy& p);
+
+  /**
+   * @brief Packs any CPU strided tensor as a saved-tensor hook must: a dense one (contiguous or a
+   * permutation, e.g. channels-last) in memory order without a copy, any other view through a
+   * contiguous copy.
+   * @throw dropit::error as `pack`, but for the layout.
+   */
+  [[nodiscard]] static packed_tensor pack_saved(const at::Tensor& t, const policy& p);
+
+  /// @brief A new tensor with the packed sizes, strides and dtype: kept values, zeros elsewhere.
+  [[nodiscard]] at::Tensor restore() const;
+
+  /// @brief Payload bytes held (values and positions).
+  [[nodiscard]] std::size_t bytes() const noexcept;
+  /// @brief Elements kept.
+  [[nodiscard]] std::size_t kept() const noexcept;
+  /// @brief Elements of the packed tensor.
+  [[nodiscard]] std::size_t numel() const noexcept;
+  /// @brief Sizes of the packed tensor.
+  [[nodiscard]] const std::vector<std::int64_t>& sizes() const noexcept { return sizes_; }
+  /// @brief Element type of the packed tensor.
+  [[nodiscard]] at::ScalarType dtype() const noexcept { return dtype_; }
+
+ private:
+  at::Tensor owner_;  ///< a byte tensor whose storage owns the cache (detail::cache_box)
+  std::vector<std::int64_t> sizes_, strides_;
+  at::ScalarType dtype_ = at::kFloat;
+};
+
+/// @brief What a ReLU's backward needs of its saved output, in 1 bit per element.
+class packed_mask {
+ public:
+  /**
+   * @brief Packs the mask `!(y <= 0)` of a ReLU's output y (true where y > 0 or y is NaN: where
+   * LibTorch's `threshold_backward` passes the gradient).
+   * @throw dropit::error for an undefined, non-CPU or non-strided tensor or a non-floating dtype.
+   */
+  [[nodiscard]] static packed_mask relu(const at::Tensor& y);
+
+  /// @brief A new tensor with y's sizes, strides and dtype: 1 where the mask is set, 0 elsewhere.
+  [[nodiscard]] at::Tensor restore() const;
+
+  /// @brief Mask bytes held.
+  [[nodiscard]] std::size_t bytes() const noexcept;
+  /// @brief Elements of the masked tensor.
+  [[nodiscard]] std::size_t numel() const noexcept;
+
+ private:
+  at::Tensor words_;  ///< int32 words counted as mask bytes (detail::make_mask)
+  std::vector<std::int64_t> sizes_, strides_;
+  at::ScalarType dtype_ = at::kFloat;
+};
+
+/// @brief A 2-d max pooling's argmax indices as window positions.
+class packed_pool_indices {
+ public:
+  /**
+   * @brief Packs the int64 indices LibTorch's `max_pool2d_with_indices` returns for an input of
+   * height `in_h` and width `in_w` (each index is `y * in_w + x` within its plane).
+   * @param indices [N, C, OH, OW] or [C, OH, OW], int64, CPU
+   * @param params the pooling's window (as `max_pool2d`)
+   * @throw dropit::error for bad window parameters, indices whose sizes do not match the window,
+   * or an index outside its window.
+   */
+  [[nodiscard]] static packed_pool_indices pack(const at::Tensor& indices, std::int64_t in_h,
+                                                std::int64_t in_w, const max_pool2d_params& params);
+
+  /// @brief The int64 indices, with the packed sizes and strides.
+  [[nodiscard]] at::Tensor restore() const;
+
+  /// @brief Code bytes held.
+  [[nodiscard]] std::size_t bytes() const noexcept;
+  /// @brief Bits per index.
+  [[nodiscard]] int bits() const noexcept { return geometry_.bits; }
+
+ private:
+  at::Tensor words_;  ///< int32 words counted as mask bytes
+  std::vector<std::int64_t> sizes_, strides_;
+  detail::pool_geometry geometry_{};
+};
+
+}  // namespace dropit::torch
+
+#include <dropit/detail/torch/packed.inl>

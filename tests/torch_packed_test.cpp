@@ -1,0 +1,180 @@
+// The saved-tensor packs (torch/packed.hpp) against LibTorch: sparse packs against DropIT's topk
+// reference, ReLU masks against the sign pattern LibTorch's backward reads, pooling codes against
+// LibTorch's own indices; layouts, byte counts and errors.
+#include <dropit/torch/packed.hpp>
+
+#include "torch_test_support.hpp"
+#include <doctest/doctest.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using namespace dropit_torch_test;
+namespace dt = dropit::torch;
+
+const torch_threads two_threads;
+
+TEST_CASE("torch packed_tensor: restores DropIT's topk selection, shape and dtype") {
+  for (auto dtype : {torch::kFloat, torch::kDouble}) {
+    for (double gamma : {0.0, 0.5, 0.9, 0.99, 1.0}) {
+      CAPTURE(dtype);
+      CAPTURE(gamma);
+      const auto x = tie_free({6, 5, 40, 33}, dtype);
+      const auto p = dt::packed_tensor::pack(x, make_policy(dt::policy_kind::mink, gamma));
+      const auto r = p.restore();
+      CHECK(r.sizes() == x.sizes());
+      CHECK((r.scalar_type() == dtype));
+      CHECK(torch::equal(r, topk_sparsified(x, gamma)));
+      CHECK(p.numel() == static_cast<std::size_t>(x.numel()));
+      CHECK(p.kept() == static_cast<std::size_t>(r.ne(0).sum().item<std::int64_t>()));
+    }
+  }
+}
+
+TEST_CASE("torch packed_tensor: a dense permutation keeps its strides, a view is copied") {
+  const auto x = tie_free({4, 6, 9, 9}).contiguous(at::MemoryFormat::ChannelsLast);
+  const auto p = dt::packed_tensor::pack_saved(x, make_policy(dt::policy_kind::mink, 0.8));
+  const auto r = p.restore();
+  CHECK(r.strides() == x.strides());
+  // Selected in memory order: the NHWC tensor's own.
+  const auto nhwc = x.permute({0, 2, 3, 1});
+  CHECK(torch::equal(r.permute({0, 2, 3, 1}), topk_sparsified(nhwc.contiguous(), 0.8)));
+
+  const auto view = tie_free({20, 30}).t();  // not dense in row-major order
+  CHECK_THROWS_WITH_AS((void)dt::packed_tensor::pack(view, make_policy(dt::policy_kind::mink)),
+                       doctest::Contains("must be contiguous"), dropit::error);
+  const auto q = dt::packed_tensor::pack_saved(view, make_policy(dt::policy_kind::mink, 0.5));
+  CHECK(torch::equal(q.restore(), topk_sparsified(view.contiguous(), 0.5)));
+}
+
+TEST_CASE("torch packed_tensor: payload bytes are counted while the pack lives") {
+  const auto before = dt::live_saved_bytes();
+  std::size_t bytes = 0;
+  {
+    const auto p = dt::packed_tensor::pack(tie_free({1 << 16}), make_policy(dt::policy_kind::mink));
+    bytes = p.bytes();
+    CHECK(bytes > 0);
+    CHECK(dt::live_saved_bytes().sparse == before.sparse + bytes);
+    // A copy shares the payload.
+    const auto copy = p;  // NOLINT(performance-unnecessary-copy-initialization)
+    CHECK(dt::live_saved_bytes().sparse == before.sparse + bytes);
+  }
+  CHECK(dt::live_saved_bytes().sparse == before.sparse);
+  // 0.4 B of values + 1 bit of positions + block offsets per element.
+  CHECK(static_cast<double>(bytes) <= 0.53 * (1 << 16));
+}
+
+TEST_CASE("torch packed_tensor: bad tensors throw before anything is allocated") {
+  const auto before = dt::live_saved_bytes();
+  CHECK_THROWS_WITH_AS(
+      (void)dt::packed_tensor::pack(at::Tensor(), make_policy(dt::policy_kind::mink)),
+      doctest::Contains("undefined"), dropit::error);
+  CHECK_THROWS_WITH_AS((void)dt::packed_tensor::pack(torch::empty({8}, torch::Device(torch::kMeta)),
+                                                     make_policy(dt::policy_kind::mink)),
+                       doctest::Contains("tensors on meta are not supported"), dropit::error);
+  CHECK_THROWS_WITH_AS(
+      (void)dt::packed_tensor::pack(torch::arange(8), make_policy(dt::policy_kind::mink)),
+      doctest::Contains("no dropit element type"), dropit::error);
+  CHECK_THROWS_WITH_AS(
+      (void)dt::packed_tensor::pack(torch::randn({8}), make_policy(dt::policy_kind::mink, 1.5)),
+      doctest::Contains("gamma must be in [0, 1], got 1.5"), dropit::error);
+  CHECK(dt::live_saved_bytes().sparse == before.sparse);
+  CHECK_THROWS_AS((void)dt::packed_tensor{}.restore(), dropit::error);
+}
+
+TEST_CASE("torch packed_mask: 1 where ReLU's backward passes the gradient, NaN included") {
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+    CAPTURE(dtype);
+    torch::manual_seed(2);
+    auto y = torch::relu(torch::randint(-3, 4, {7, 33, 5}, torch::kFloat));
+    y.view({-1})[3] = std::numeric_limits<float>::quiet_NaN();
+    y = y.to(dtype);
+    const auto before = dt::live_saved_bytes();
+    const auto m = dt::packed_mask::relu(y);
+    CHECK(m.bytes() == static_cast<std::size_t>((y.numel() + 31) / 32 * 4));
+    CHECK(dt::live_saved_bytes().masks == before.masks + m.bytes());
+    const auto r = m.restore();
+    CHECK((r.scalar_type() == dtype));
+    CHECK(torch::equal(r, y.le(0).logical_not().to(dtype)));
+    // LibTorch's ReLU backward gives the same gradient from the mask as from the output.
+    const auto g = torch::randn(y.sizes()).to(dtype);
+    CHECK(torch::equal(at::threshold_backward(g, r, 0), at::threshold_backward(g, y, 0)));
+  }
+  const auto cl =
+      torch::relu(torch::randn({2, 5, 6, 7})).contiguous(at::MemoryFormat::ChannelsLast);
+  const auto r = dt::packed_mask::relu(cl).restore();
+  CHECK(r.strides() == cl.strides());
+  CHECK(torch::equal(r, cl.gt(0).to(torch::kFloat)));
+  CHECK_THROWS_WITH_AS((void)dt::packed_mask::relu(torch::arange(4)),
+                       doctest::Contains("floating-point"), dropit::error);
+}
+
+TEST_CASE("torch packed_pool_indices: LibTorch's indices back, for every window shape") {
+  struct window {
+    std::int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+    bool ceil;
+  };
+  const std::vector<window> windows = {
+      {2, 2, 2, 2, 0, 0, 1, 1, false}, {2, 2, 2, 2, 0, 0, 1, 1, true},
+      {2, 2, 1, 1, 0, 0, 1, 1, false}, {3, 3, 2, 2, 1, 1, 1, 1, false},
+      {3, 3, 2, 2, 1, 1, 1, 1, true},  {2, 3, 2, 1, 0, 1, 2, 1, false},
+      {5, 5, 3, 3, 2, 2, 1, 1, true},  {1, 1, 1, 1, 0, 0, 1, 1, false}};
+  for (const window& w : windows) {
+    for (auto sizes :
+         {std::vector<std::int64_t>{3, 4, 28, 28}, std::vector<std::int64_t>{2, 3, 13, 67},
+          std::vector<std::int64_t>{5, 17, 19}}) {
+      CAPTURE(w.kh);
+      CAPTURE(w.sh);
+      CAPTURE(w.ph);
+      CAPTURE(w.dh);
+      CAPTURE(w.ceil);
+      CAPTURE(sizes[sizes.size() - 1]);
+      torch::manual_seed(5);
+      const auto x = torch::randint(0, 3, sizes, torch::kFloat);  // ties: first maximum wins
+      const auto [y, idx] = at::max_pool2d_with_indices(x, {w.kh, w.kw}, {w.sh, w.sw}, {w.ph, w.pw},
+                                                        {w.dh, w.dw}, w.ceil);
+      const dt::max_pool2d_params params{
+          {w.kh, w.kw}, {w.sh, w.sw}, {w.ph, w.pw}, {w.dh, w.dw}, w.ceil};
+      const auto p = dt::packed_pool_indices::pack(idx, x.size(-2), x.size(-1), params);
+      CHECK(torch::equal(p.restore(), idx));
+      // Each plane's codes start on a 32-bit word.
+      const std::int64_t outputs = idx.size(-2) * idx.size(-1);
+      const std::int64_t planes = idx.numel() / outputs;
+      CHECK(p.bytes() == static_cast<std::size_t>(planes * ((outputs * p.bits() + 31) / 32) * 4));
+    }
+  }
+}
+
+TEST_CASE("torch packed_pool_indices: 2 bits per 2x2 window; channels-last; bad indices throw") {
+  const auto x = torch::randn({4, 8, 28, 28});
+  const auto [y, idx] = at::max_pool2d_with_indices(x, {2, 2}, {2, 2});
+  const dt::max_pool2d_params two{};
+  const auto p = dt::packed_pool_indices::pack(idx, 28, 28, two);
+  CHECK(p.bits() == 2);
+  CHECK(p.bytes() == static_cast<std::size_t>(4 * 8 * ((14 * 14 * 2 + 31) / 32) * 4));
+
+  const auto xc = x.contiguous(at::MemoryFormat::ChannelsLast);
+  const auto [yc, ic] = at::max_pool2d_with_indices(xc, {2, 2}, {2, 2});
+  const auto rc = dt::packed_pool_indices::pack(ic, 28, 28, two).restore();
+  CHECK(rc.strides() == ic.strides());
+  CHECK(torch::equal(rc, ic));
+
+  auto moved = idx.clone();
+  moved.view({-1})[100] += 2;  // the cell two to the right: outside its 2x2 window
+  CHECK_THROWS_WITH_AS((void)dt::packed_pool_indices::pack(moved, 28, 28, two),
+                       doctest::Contains("outside its pooling window"), dropit::error);
+  auto high = idx.clone();
+  high.view({-1})[7] += std::int64_t{1} << 32;  // equal low 32 bits
+  CHECK_THROWS_WITH_AS((void)dt::packed_pool_indices::pack(high, 28, 28, two),
+                       doctest::Contains("outside its pooling window"), dropit::error);
+  CHECK_THROWS_WITH_AS((void)dt::packed_pool_indices::pack(idx, 30, 28, two),
+                       doctest::Contains("do not match"), dropit::error);
+  CHECK_THROWS_WITH_AS((void)dt::packed_pool_indices::pack(idx.to(torch::kInt), 28, 28, two),
+                       doctest::Contains("int64 indices are needed"), dropit::error);
+}
+
+}  // namespace
