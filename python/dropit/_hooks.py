@@ -1,0 +1,403 @@
+"""The save-for-backward hooks: ``to_dropit`` (per layer) and ``saved_tensors`` (a block).
+
+``to_dropit`` registers, on each selected layer, a forward pre-hook that opens PyTorch's
+``saved_tensors_hooks`` around the layer's forward and a forward hook that closes it. Inside, the
+pack hook hands dropit's C++ library only the tensors it must:
+
+* Linear / Conv2d / Conv1D: the layer's input, and what the layer derives from it before its
+  matmul or convolution (a view, an autocast copy, a padded copy). That tensor feeds only the
+  weight gradient. Parameters, their views and copies (the weight, an autocast weight) are saved
+  as they are, so the input gradient stays exact.
+* ReLU: its saved output becomes a 1-bit mask.
+* MaxPool2d: its int64 indices become window positions, and its saved input (read by backward
+  for its shape only) a shape; so does the input a Conv2d's padding mode pads.
+Everything else passes through unchanged.
+"""
+import sys
+import threading
+import weakref
+
+import torch
+from torch import nn
+
+from . import _C
+
+_push_hooks = torch._C._autograd._push_saved_tensors_default_hooks
+_pop_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
+
+# Modules that have hooks from a live handle: a second to_dropit on them is refused.
+_registered = weakref.WeakKeyDictionary()
+_local = threading.local()
+
+# Autograd nodes through which a parameter only changes its view or dtype.
+_VIEW_NODES = frozenset(
+    "TBackward0 TransposeBackward0 PermuteBackward0 ViewBackward0 ReshapeAliasBackward0 "
+    "UnsafeViewBackward0 ExpandBackward0 AsStridedBackward0 ToCopyBackward0 SliceBackward0 "
+    "SelectBackward0 SqueezeBackward0 SqueezeBackward1 UnsqueezeBackward0 AliasBackward0".split()
+)
+
+
+def _unpack(obj):
+    """The unpack hook of every dropit scope: rebuild what pack made, pass tensors through."""
+    return obj if isinstance(obj, torch.Tensor) else obj.restore()
+
+
+class _ShapeOnly:
+    """A saved tensor whose backward reads only its sizes and dtype: MaxPool2d's input, and the
+    input a Conv2d's padding mode pads."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, t):
+        self.shape, self.dtype = t.shape, t.dtype
+
+    def restore(self):
+        return torch.zeros((), dtype=self.dtype).expand(self.shape)
+
+
+def _is_parameter(t):
+    # nn.Parameter's isinstance goes through a Python-level metaclass hook: test the common
+    # plain-tensor case by type first.
+    return t is not None and type(t) is not torch.Tensor and isinstance(t, nn.Parameter)
+
+
+def _is_parameter_like(t):
+    """A parameter, a view of one, or a view/dtype copy of one made under autograd."""
+    if _is_parameter(t) or _is_parameter(t._base):
+        return True
+    node = t.grad_fn
+    for _ in range(4):
+        if node is None or type(node).__name__ not in _VIEW_NODES:
+            break
+        nxt = node.next_functions
+        if not nxt:
+            return False
+        node = nxt[0][0]
+    return node is not None and _is_parameter(getattr(node, "variable", None))
+
+
+def _derives_from(node, x):
+    """Whether autograd node `node` reaches x within a few steps (x's own node, or the gradient
+    accumulator of a leaf x): t was computed from x inside the layer (padding, a cast)."""
+    target = x.grad_fn
+    seen, frontier = 0, [node]
+    for _ in range(12):  # circular padding: 4 slice assignments, each 2 or 3 nodes deep
+        nxt = []
+        for n in frontier:
+            if n is None:
+                continue
+            if (n is target) if target is not None else (getattr(n, "variable", None) is x):
+                return True
+            seen += 1
+            if seen > 64:
+                return False
+            nxt.extend(f for f, _ in n.next_functions)
+        if not nxt:
+            return False
+        frontier = nxt
+    return False
+
+
+def _same_data(t, x):
+    """t is x or a view of x's data."""
+    if t is x:
+        return True
+    base = t._base
+    return base is not None and (base is x or base is x._base)
+
+
+class _Layer:
+    """A layer to_dropit selected: what it packs and with which policy."""
+
+    __slots__ = ("name", "kind", "policy", "index", "step", "pool", "pad_mode", "__weakref__")
+
+    def __init__(self, name, kind, policy, index, module):
+        self.name, self.kind, self.policy, self.index, self.step = name, kind, policy, index, 0
+        self.pool = None
+        self.pad_mode = getattr(module, "padding_mode", "zeros")
+        if kind == "pool":
+            pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
+            stride = module.stride if module.stride is not None else module.kernel_size
+            self.pool = (
+                pair(module.kernel_size),
+                pair(stride),
+                pair(module.padding),
+                pair(module.dilation),
+                bool(module.ceil_mode),
+            )
+
+    def step_policy(self):
+        """This forward's policy: Random draws new positions per layer and step."""
+        p = self.policy
+        if p.kind == "random":
+            self.step += 1
+            mixed = (p.seed + (self.index + 1) * 0x9E3779B97F4A7C15 + self.step) % (1 << 64)
+            return p.with_seed(mixed)
+        return p
+
+
+class _Scope:
+    """One forward of one layer: the pack hook and what it needs to know about the input."""
+
+    __slots__ = ("layer", "frame", "x", "x_requires_grad", "policy", "__weakref__")
+
+    def __init__(self, layer, frame, x):
+        self.layer, self.frame = layer, frame
+        # Weak: the pack hook lives as long as the graph; the input must not.
+        self.x = weakref.ref(x) if isinstance(x, torch.Tensor) else None
+        self.x_requires_grad = isinstance(x, torch.Tensor) and x.requires_grad
+        self.policy = layer.step_policy() if layer.kind == "weight" else None
+
+    def live(self):
+        """Whether this layer's forward is still running on this thread (it is not after an
+        exception escaped it; the scope is then stale and packs nothing)."""
+        f = sys._getframe(2)
+        target = self.frame
+        while f is not None:
+            if f is target:
+                return True
+            f = f.f_back
+        return False
+
+    def pack(self, t):
+        if self.frame is None or not self.live():
+            return t
+        x = self.x() if self.x is not None else None
+        kind = self.layer.kind
+        if kind == "weight":
+            if self._is_input(t, x):
+                if self.layer.pad_mode != "zeros" and _same_data(t, x):
+                    # A Conv2d with a padding mode pads x first; the padding op saves x for its
+                    # backward, which reads only x's shape. The convolution's input is the padded
+                    # copy, packed below when it is saved.
+                    return _ShapeOnly(t)
+                return _C._pack_saved(t, self.policy)
+            return t
+        if x is None:
+            return t
+        if kind == "relu":
+            if t.is_floating_point() and t.shape == x.shape:
+                return _C._pack_relu(t)
+            return t
+        # pool: the int64 indices, and the input (read for its shape)
+        if t.dtype == torch.int64 and t.dim() >= 3:
+            return _C._pack_pool_indices(t, x.shape[-2], x.shape[-1], *self.layer.pool)
+        if _same_data(t, x):
+            return _ShapeOnly(t)
+        return t
+
+    def _is_input(self, t, x):
+        if not t.is_floating_point() or _is_parameter_like(t):
+            return False
+        if x is not None and _same_data(t, x):
+            return True
+        node = t.grad_fn
+        if node is not None:
+            return x is not None and _derives_from(node, x)
+        # No autograd history: a copy of x when x needs no gradient (then only the weight
+        # gradient, which reads x, is computed); else a frozen parameter's copy.
+        return not t.requires_grad and not self.x_requires_grad
+
+
+def _stack():
+    s = getattr(_local, "stack", None)
+    if s is None:
+        s = _local.stack = []
+    return s
+
+
+def _drop_stale(stack):
+    """Closes scopes whose forward raised (their forward hook never ran)."""
+    while stack and not _on_stack(stack[-1].frame):
+        scope = stack.pop()
+        scope.frame = None
+        _pop_hooks()
+
+
+def _on_stack(frame):
+    f = sys._getframe(1)
+    while f is not None:
+        if f is frame:
+            return True
+        f = f.f_back
+    return False
+
+
+def _pre_hook(layer):
+    def hook(module, args):
+        stack = _stack()
+        if stack:
+            _drop_stale(stack)
+        if not (module.training and torch.is_grad_enabled()):
+            return None
+        scope = _Scope(layer, sys._getframe(1), args[0] if args else None)
+        _push_hooks(scope.pack, _unpack)
+        stack.append(scope)
+        return None
+
+    return hook
+
+
+def _post_hook(layer):
+    def hook(module, args, output):
+        stack = _stack()
+        caller = sys._getframe(1)
+        if stack and stack[-1].layer is layer and stack[-1].frame is caller:
+            scope = stack.pop()
+            scope.frame = None  # the frame holds the forward's locals: let them go
+            _pop_hooks()
+        return None
+
+    return hook
+
+
+def _is_conv1d(module):
+    """GPT-2's Conv1D (transformers.pytorch_utils.Conv1D and subclasses): y = x W + b with W
+    stored [nx, nf]."""
+    return any(c.__name__ == "Conv1D" for c in type(module).__mro__) and hasattr(module, "nf")
+
+
+def _kind(module, masks):
+    if isinstance(module, (nn.Linear, nn.Conv2d)) or _is_conv1d(module):
+        return "weight"
+    if masks and isinstance(module, nn.ReLU):
+        return "relu"
+    if masks and isinstance(module, nn.MaxPool2d):
+        return "pool"
+    return None
+
+
+class Handle:
+    """What ``to_dropit`` registered; ``remove()`` takes it all off again (also as a context
+    manager: ``with dropit.to_dropit(model): ...``)."""
+
+    def __init__(self, policy, layers, hooks):
+        self.policy = policy
+        self._layers = layers
+        self._hooks = hooks
+
+    @property
+    def layers(self):
+        """``[(name, kind), ...]`` of the hooked layers; kind is "weight", "relu" or "pool"."""
+        return [(layer.name, layer.kind) for layer in self._layers]
+
+    def remove(self):
+        """Removes every hook this handle registered (idempotent)."""
+        for h in self._hooks:
+            h.remove()
+        for module in [m for m, owner in _registered.items() if owner is self]:
+            del _registered[module]
+        self._hooks = []
+        self._layers = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+    def __len__(self):
+        return len(self._layers)
+
+    def __repr__(self):
+        kinds = {}
+        for layer in self._layers:
+            kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
+        counts = ", ".join(f"{k}={v}" for k, v in sorted(kinds.items()))
+        return f"dropit.Handle({self.policy!r}, {counts or 'no layers'})"
+
+
+def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0):
+    """Makes ``model``'s layers save less for backward, without replacing any module.
+
+    Args:
+        model: an ``nn.Module``.
+        strategy: ``"mink"`` (the (1 - gamma) largest magnitudes), ``"random"`` (random positions,
+            new ones per layer and step, reproducible from ``seed``), ``"identity"`` (dense copy)
+            or ``"none"`` (Linear/Conv save as PyTorch does; masks still apply).
+        gamma: the fraction dropped, in [0, 1].
+        exclude: module names, as in ``model.named_modules()``, left as PyTorch runs them (with
+            everything under them), e.g. the first layer and the classifier head.
+        masks: ReLU saves a 1-bit mask, MaxPool2d its window positions (exact).
+        seed: base seed of ``"random"``.
+
+    Returns:
+        a ``Handle``; ``handle.remove()`` undoes it.
+
+    Raises:
+        dropit.Error: bad strategy or gamma, an excluded name that is no module of the model, or a
+        model already converted. Nothing is registered then.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"dropit: to_dropit: model must be an nn.Module, got {type(model).__name__}")
+    policy = _C.Policy(str(strategy), float(gamma), int(seed))  # checks strategy and gamma
+    if isinstance(exclude, str):
+        exclude = (exclude,)
+    exclude = tuple(exclude)
+    named = list(model.named_modules())
+    names = {name for name, _ in named}
+    unknown = [e for e in exclude if e not in names]
+    if unknown:
+        raise _C.Error(
+            f"dropit: to_dropit: exclude names no module of the model: {', '.join(map(repr, unknown))}"
+            " (use the names of model.named_modules(), e.g. '0' or 'features.0')"
+        )
+
+    def excluded(name):
+        return any(name == e or name.startswith(e + ".") or e == "" for e in exclude)
+
+    selected = []
+    for name, module in named:
+        kind = _kind(module, masks)
+        if kind is None or excluded(name):
+            continue
+        if kind == "weight" and policy.kind == "none":
+            continue
+        if module in _registered:
+            raise _C.Error(
+                f"dropit: to_dropit: module '{name}' already has dropit hooks "
+                "(call remove() on the earlier handle first)"
+            )
+        selected.append((name, module, kind))
+
+    layers, hooks = [], []
+    handle = Handle(policy, layers, hooks)
+    try:
+        for index, (name, module, kind) in enumerate(selected):
+            layer = _Layer(name, kind, policy, index, module)
+            hooks.append(module.register_forward_pre_hook(_pre_hook(layer)))
+            hooks.append(module.register_forward_hook(_post_hook(layer)))
+            layers.append(layer)
+            _registered[module] = handle
+    except BaseException:
+        handle.remove()
+        raise
+    return handle
+
+
+def _pack_any(policy, t):
+    if not t.is_floating_point() or _is_parameter_like(t):
+        return t
+    return _C._pack_saved(t, policy)
+
+
+class saved_tensors(torch.autograd.graph.saved_tensors_hooks):
+    """Packs every floating-point tensor the code in the block saves for backward (parameters,
+    their views and autograd copies excepted) with ``policy``:
+
+        with dropit.saved_tensors(dropit.MinK(0.9)):
+            y = layer(x)
+
+    Unlike ``to_dropit``, nothing tells the tensors apart: use it around code whose saved
+    activations feed only weight gradients (a Linear or Conv), or with ``dropit.Identity()``.
+    """
+
+    def __init__(self, policy):
+        if not isinstance(policy, _C.Policy):
+            raise TypeError(
+                f"dropit: saved_tensors: a dropit policy is needed (dropit.MinK(0.9), ...), got "
+                f"{type(policy).__name__}"
+            )
+        self.policy = policy
+        super().__init__(lambda t: _pack_any(policy, t), _unpack)

@@ -1,0 +1,207 @@
+// dropit._C: the Python bindings of dropit's LibTorch adapter (policies, saved-tensor packs, live
+// byte counts, the counting CPU allocator). The hooks that decide what to pack live in
+// dropit/_hooks.py; every selection, packing and format step runs here, in the C++ library.
+#include <dropit/torch/counting_allocator.hpp>
+#include <dropit/torch/packed.hpp>
+#include <dropit/torch/policy.hpp>
+
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/extension.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace py = pybind11;
+namespace dt = dropit::torch;
+
+namespace {
+
+/// The Python dtype object of a scalar type (torch.float32, ...).
+py::object dtype_object(at::ScalarType type) {
+  return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(type)));
+}
+
+py::tuple shape_tuple(const std::vector<std::int64_t>& sizes) {
+  py::tuple out(sizes.size());
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    out[i] = sizes[i];
+  return out;
+}
+
+std::string policy_repr(const dt::policy& p) {
+  switch (p.kind) {
+    case dt::policy_kind::mink:
+      return "dropit.MinK(gamma=" + py::repr(py::float_(p.gamma)).cast<std::string>() + ")";
+    case dt::policy_kind::random:
+      return "dropit.Random(gamma=" + py::repr(py::float_(p.gamma)).cast<std::string>() +
+             ", seed=" + std::to_string(p.seed) + ")";
+    case dt::policy_kind::identity:
+      return "dropit.Identity()";
+    case dt::policy_kind::none:
+      break;
+  }
+  return "dropit.Policy('none')";
+}
+
+/// `with dropit.memory_counter() as counter:` -- a counting_allocator installed as LibTorch's CPU
+/// allocator for the block. One at a time: nesting would hide the outer counter's allocations.
+class memory_counter {
+ public:
+  memory_counter() : counter_(std::make_unique<dt::counting_allocator>()) {}
+
+  memory_counter& enter() {
+    DROPIT_EXPECTS(!guard_, "memory_counter: this counter is already active");
+    bool expected = false;
+    DROPIT_EXPECTS(active().compare_exchange_strong(expected, true),
+                   "memory_counter: another memory_counter is active (they do not nest)");
+    try {
+      guard_.emplace(*counter_);
+    } catch (...) {
+      active().store(false);
+      throw;
+    }
+    counter_->reset_peak();
+    return *this;
+  }
+
+  void exit() {
+    if (!guard_) return;
+    guard_.reset();
+    active().store(false);
+  }
+
+  [[nodiscard]] std::size_t current() const noexcept { return counter_->current_bytes(); }
+  [[nodiscard]] std::size_t peak() const noexcept { return counter_->peak_bytes(); }
+  [[nodiscard]] std::uint64_t allocations() const noexcept { return counter_->allocations(); }
+  std::size_t reset_peak() noexcept { return counter_->reset_peak(); }
+  [[nodiscard]] bool is_active() const noexcept { return guard_.has_value(); }
+
+ private:
+  static std::atomic<bool>& active() {
+    static std::atomic<bool> flag{false};
+    return flag;
+  }
+
+  // The allocator may be referenced by blocks that outlive the counter: it shares its
+  // bookkeeping with them, so destroying it first is safe.
+  std::unique_ptr<dt::counting_allocator> counter_;
+  std::optional<dt::cpu_allocator_guard> guard_;
+};
+
+using pair2 = std::array<std::int64_t, 2>;
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "dropit's C++ library: policies, saved-tensor packs, byte counts, memory counter";
+  py::register_exception<dropit::error>(m, "Error", PyExc_ValueError);
+
+  py::class_<dt::policy>(m, "Policy", R"doc(
+A selection policy: which elements of a saved tensor to keep.
+
+Use the subclasses: ``dropit.MinK(gamma)``, ``dropit.Random(gamma, seed)``, ``dropit.Identity()``.
+gamma is the fraction dropped, in [0, 1].)doc")
+      .def(py::init([](const std::string& kind, double gamma, std::uint64_t seed) {
+             return dt::policy::parse(kind, gamma, seed);
+           }),
+           py::arg("kind"), py::arg("gamma") = 0.0, py::arg("seed") = 0)
+      .def_property_readonly("kind", [](const dt::policy& p) { return dt::to_string(p.kind); })
+      .def_property_readonly("gamma", [](const dt::policy& p) { return p.gamma; })
+      .def_property_readonly("seed", [](const dt::policy& p) { return p.seed; })
+      .def(
+          "with_seed",
+          [](const dt::policy& p, std::uint64_t seed) {
+            dt::policy q = p;
+            q.seed = seed;
+            return q;
+          },
+          py::arg("seed"), "The same policy with another seed (Random's positions).")
+      .def("__repr__", &policy_repr)
+      .def("__eq__", [](const dt::policy& a, const dt::policy& b) {
+        return a.kind == b.kind && a.gamma == b.gamma && a.seed == b.seed;
+      });
+
+  py::class_<dt::packed_tensor>(m, "Packed", R"doc(
+A tensor packed by a policy: the kept values and their positions.
+
+``restore()`` rebuilds a dense tensor (kept values in place, zeros elsewhere); ``nbytes`` is the
+payload size, ``kept`` and ``numel`` count elements.)doc")
+      .def("restore", &dt::packed_tensor::restore, py::call_guard<py::gil_scoped_release>(),
+           "A new dense tensor: kept values in place, zeros elsewhere.")
+      .def_property_readonly("nbytes", &dt::packed_tensor::bytes)
+      .def_property_readonly("kept", &dt::packed_tensor::kept)
+      .def_property_readonly("numel", &dt::packed_tensor::numel)
+      .def_property_readonly("shape",
+                             [](const dt::packed_tensor& p) { return shape_tuple(p.sizes()); })
+      .def_property_readonly("dtype",
+                             [](const dt::packed_tensor& p) { return dtype_object(p.dtype()); })
+      .def("__repr__", [](const dt::packed_tensor& p) {
+        return "dropit.Packed(kept=" + std::to_string(p.kept()) +
+               ", numel=" + std::to_string(p.numel()) + ", nbytes=" + std::to_string(p.bytes()) +
+               ")";
+      });
+
+  m.def("pack", &dt::packed_tensor::pack, py::arg("tensor"), py::arg("policy"),
+        py::call_guard<py::gil_scoped_release>(), R"doc(
+Packs a contiguous CPU tensor (float32, float64, bfloat16, float16) with a policy.
+
+Raises dropit.Error for a non-contiguous, non-CPU or unsupported tensor.)doc");
+  m.def("_pack_saved", &dt::packed_tensor::pack_saved, py::arg("tensor"), py::arg("policy"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Packs any CPU strided tensor (dense ones in memory order, others through a copy).");
+
+  py::class_<dt::packed_mask>(m, "Mask", "A ReLU output's sign mask, 1 bit per element.")
+      .def("restore", &dt::packed_mask::restore, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("nbytes", &dt::packed_mask::bytes)
+      .def_property_readonly("numel", &dt::packed_mask::numel);
+  m.def("_pack_relu", &dt::packed_mask::relu, py::arg("output"),
+        py::call_guard<py::gil_scoped_release>());
+
+  py::class_<dt::packed_pool_indices>(m, "PoolIndices",
+                                      "A max pooling's argmax indices as window positions.")
+      .def("restore", &dt::packed_pool_indices::restore, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("nbytes", &dt::packed_pool_indices::bytes)
+      .def_property_readonly("bits", &dt::packed_pool_indices::bits);
+  m.def(
+      "_pack_pool_indices",
+      [](const at::Tensor& indices, std::int64_t in_h, std::int64_t in_w, pair2 kernel,
+         pair2 stride, pair2 padding, pair2 dilation, bool ceil_mode) {
+        const dt::max_pool2d_params params{kernel, stride, padding, dilation, ceil_mode};
+        return dt::packed_pool_indices::pack(indices, in_h, in_w, params);
+      },
+      py::arg("indices"), py::arg("in_h"), py::arg("in_w"), py::arg("kernel"), py::arg("stride"),
+      py::arg("padding"), py::arg("dilation"), py::arg("ceil_mode"),
+      py::call_guard<py::gil_scoped_release>());
+
+  m.def(
+      "_live_saved_bytes",
+      [] {
+        const dt::saved_bytes b = dt::live_saved_bytes();
+        return py::make_tuple(b.sparse, b.masks);
+      },
+      "(sparse, masks): bytes held now by dropit's packs, process-wide.");
+
+  py::class_<memory_counter>(m, "MemoryCounter", R"doc(
+Counts every CPU allocation LibTorch makes (tensors, oneDNN buffers, dropit's payloads) while
+active: ``with dropit.memory_counter() as counter: ...``. ``peak_bytes`` is the largest
+``current_bytes`` since the block began or ``reset_peak()`` was called.)doc")
+      .def(py::init<>())
+      .def("__enter__", &memory_counter::enter, py::return_value_policy::reference)
+      .def("__exit__",
+           [](memory_counter& c, const py::args&) {
+             c.exit();
+             return false;
+           })
+      .def_property_readonly("current_bytes", &memory_counter::current)
+      .def_property_readonly("peak_bytes", &memory_counter::peak)
+      .def_property_readonly("allocations", &memory_counter::allocations)
+      .def_property_readonly("active", &memory_counter::is_active)
+      .def("reset_peak", &memory_counter::reset_peak,
+           "Starts a new peak window (peak := current); returns the current bytes.");
+
+  m.attr("has_half") = py::bool_(DROPIT_HAS_HALF != 0);
+}

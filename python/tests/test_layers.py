@@ -1,0 +1,515 @@
+"""to_dropit on single layers: what backward receives (read through autograd) and the gradients,
+against plain PyTorch and the pure-PyTorch oracles of reference.py."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dropit
+import reference
+from conftest import saved
+
+
+class Conv1D(nn.Module):
+    """GPT-2's Conv1D (transformers.pytorch_utils.Conv1D): y = x W + b, W stored [nx, nf]."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.02)
+        self.bias = nn.Parameter(torch.randn(nf))
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
+class MyConv1D(Conv1D):
+    pass
+
+
+class MyLinear(nn.Linear):
+    pass
+
+
+def run(layer, x, g=None):
+    """Forward and backward of one layer on a fresh leaf copy of x; returns (y, x.grad, grads)."""
+    x = x.detach().clone().requires_grad_(x.requires_grad)
+    y = layer(x)
+    if g is None:
+        g = torch.randn_like(y)
+    y.backward(g)
+    grads = {n: p.grad.detach().clone() for n, p in layer.named_parameters()}
+    layer.zero_grad(set_to_none=True)
+    return y, (x.grad if x.requires_grad else None), grads, g
+
+
+def saved_input(y):
+    for name in ("mat1", "self", "input"):
+        try:
+            return saved(y, name)
+        except LookupError:
+            continue
+    raise LookupError("no saved layer input")
+
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-12, atol=1e-12),
+       torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+# ---- Linear, Conv1D ---------------------------------------------------------------------------
+
+LINEAR_CASES = [
+    ("linear-2d", lambda: nn.Linear(24, 10), (32, 24)),
+    ("linear-2d-nobias", lambda: nn.Linear(24, 10, bias=False), (32, 24)),
+    ("linear-3d", lambda: nn.Linear(24, 10), (4, 8, 24)),
+    ("linear-3d-nobias", lambda: nn.Linear(24, 10, bias=False), (4, 8, 24)),
+    ("linear-subclass", lambda: MyLinear(24, 10), (32, 24)),
+    ("conv1d-gpt2", lambda: Conv1D(10, 24), (4, 8, 24)),
+    ("conv1d-subclass", lambda: MyConv1D(10, 24), (32, 24)),
+]
+DTYPES = [torch.float32, torch.float64] + ([torch.bfloat16] if dropit._C.has_half else [])
+
+
+@pytest.mark.parametrize("name,make,shape", LINEAR_CASES, ids=[c[0] for c in LINEAR_CASES])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gamma", [0.5, 0.9])
+def test_matmul_layers(name, make, shape, dtype, gamma):
+    layer = make().to(dtype)
+    plain = copy.deepcopy(layer)
+    x = torch.randn(shape).to(dtype).requires_grad_(True)
+    y0, gx0, grads0, g = run(plain, x)
+    handle = dropit.to_dropit(layer, "mink", gamma)
+    assert handle.layers == [("", "weight")]
+    x1 = x.detach().clone().requires_grad_(True)
+    y = layer(x1)
+    assert torch.equal(y, y0)  # the forward is PyTorch's own
+    w = layer.weight
+    # Backward reads the sparsified input; the weight is saved as it is.
+    x2 = x1.detach().reshape(-1, x1.shape[-1])
+    assert torch.equal(saved_input(y), reference.mink(x2, gamma))
+    saved_weight = saved(y, "mat2")
+    assert saved_weight.data_ptr() == w.data_ptr()
+    y.backward(g)
+    # Input and bias gradients exact; the weight gradient from the sparsified input.
+    assert torch.equal(x1.grad, gx0)
+    if getattr(layer, "bias", None) is not None:
+        assert torch.equal(layer.bias.grad, grads0["bias"])
+    g2 = g.reshape(-1, g.shape[-1])
+    xs = reference.mink(x2, gamma)
+    want = g2.t().mm(xs) if isinstance(layer, nn.Linear) else xs.t().mm(g2)
+    torch.testing.assert_close(layer.weight.grad, want, **TOL[dtype])
+    handle.remove()
+
+
+@pytest.mark.parametrize("name,make,shape", LINEAR_CASES[:4], ids=[c[0] for c in LINEAR_CASES[:4]])
+def test_matmul_layers_input_without_grad(name, make, shape):
+    layer = make()
+    dropit.to_dropit(layer, "mink", 0.9)
+    x = torch.randn(shape)
+    y = layer(x)
+    assert torch.equal(saved_input(y), reference.mink(x.reshape(-1, shape[-1]), 0.9))
+
+
+# ---- Conv2d ----------------------------------------------------------------------------------
+
+CONV_CASES = [
+    ("plain", dict(kernel_size=3)),
+    ("stride", dict(kernel_size=3, stride=2)),
+    ("padding", dict(kernel_size=3, padding=1)),
+    ("padding-2x1", dict(kernel_size=(3, 5), padding=(1, 2))),
+    ("same-odd", dict(kernel_size=3, padding="same")),
+    ("same-even", dict(kernel_size=4, padding="same")),
+    ("same-dilated", dict(kernel_size=(2, 3), padding="same", dilation=(3, 1))),
+    ("reflect", dict(kernel_size=3, padding=1, padding_mode="reflect")),
+    ("replicate", dict(kernel_size=3, padding=2, padding_mode="replicate")),
+    ("circular", dict(kernel_size=3, padding=1, padding_mode="circular")),
+    ("dilation", dict(kernel_size=3, dilation=2, padding=2)),
+    ("groups", dict(kernel_size=3, groups=2, padding=1)),
+    ("depthwise", dict(kernel_size=3, groups=4, padding=1, bias=False)),
+]
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")  # PyTorch's own
+@pytest.mark.parametrize("name,kw", CONV_CASES, ids=[c[0] for c in CONV_CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("x_grad", [True, False])
+def test_conv2d(name, kw, dtype, x_grad):
+    conv = nn.Conv2d(4, 8, **kw).to(dtype)
+    plain = copy.deepcopy(conv)
+    x = torch.randn(3, 4, 11, 13, dtype=dtype).requires_grad_(x_grad)
+    y0, gx0, grads0, g = run(plain, x)
+    dropit.to_dropit(conv, "mink", 0.9)
+    x1 = x.detach().clone().requires_grad_(x_grad)
+    y = conv(x1)
+    assert torch.equal(y, y0)
+    x_saved, padding = reference.conv_input(conv, x1.detach())
+    assert torch.equal(saved(y, "input"), reference.mink(x_saved, 0.9))
+    assert saved(y, "weight").data_ptr() == conv.weight.data_ptr()
+    if conv.padding_mode in ("reflect", "replicate") and x_grad:
+        # The padding op's backward reads x's shape only: x is saved as a shape.
+        assert saved(y, "self").stride() == (0, 0, 0, 0)
+    y.backward(g)
+    if x_grad:
+        torch.testing.assert_close(x1.grad, gx0, rtol=0, atol=0)
+    if conv.bias is not None:
+        assert torch.equal(conv.bias.grad, grads0["bias"])
+    want = reference.conv_weight_grad(conv, reference.mink(x_saved, 0.9), padding, g)
+    torch.testing.assert_close(conv.weight.grad, want, **TOL[dtype])
+
+
+def test_conv2d_channels_last_and_unbatched():
+    conv = nn.Conv2d(4, 8, 3, padding=1)
+    dropit.to_dropit(conv, "mink", 0.8)
+    x = torch.randn(2, 4, 9, 9).to(memory_format=torch.channels_last)
+    y = conv(x)
+    s = saved(y, "input")
+    # Packed in memory order, restored with x's strides.
+    assert s.stride() == x.stride()
+    nhwc = x.permute(0, 2, 3, 1)
+    assert torch.equal(s.permute(0, 2, 3, 1), reference.mink(nhwc.contiguous(), 0.8))
+    x3 = torch.randn(4, 9, 9)
+    y3 = conv(x3)
+    assert y3.shape == (8, 9, 9)
+    assert torch.equal(saved(y3, "input").reshape(x3.shape), reference.mink(x3, 0.8))
+
+
+# ---- bf16 models and autocast ------------------------------------------------------------------
+
+needs_half = pytest.mark.skipif(not dropit._C.has_half,
+                                reason="bfloat16 packs need the CUDA toolkit's cuda_bf16.h")
+
+
+@needs_half
+@pytest.mark.parametrize("make,shape", [(lambda: nn.Linear(24, 10), (16, 24)),
+                                        (lambda: nn.Linear(24, 10), (2, 8, 24)),
+                                        (lambda: nn.Conv2d(3, 6, 3, padding=1), (2, 3, 9, 9)),
+                                        (lambda: Conv1D(10, 24), (2, 8, 24))])
+@pytest.mark.parametrize("x_grad", [True, False])
+def test_autocast_cpu(make, shape, x_grad):
+    layer = make()
+    plain = copy.deepcopy(layer)
+    x = torch.randn(shape).requires_grad_(x_grad)
+    with torch.autocast("cpu"):
+        y0 = plain(x)
+    g = torch.randn_like(y0)
+    y0.backward(g)
+    dropit.to_dropit(layer, "mink", 0.9)
+    x1 = x.detach().clone().requires_grad_(x_grad)
+    with torch.autocast("cpu"):
+        y = layer(x1)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, y0)
+    xb = x1.detach().to(torch.bfloat16)
+    s = saved_input(y)
+    if isinstance(layer, nn.Conv2d):
+        assert torch.equal(s, reference.mink(xb, 0.9))
+        w_saved = saved(y, "weight")
+    else:
+        assert torch.equal(s, reference.mink(xb.reshape(-1, shape[-1]), 0.9))
+        w_saved = saved(y, "mat2")
+    # The weight's autocast copy is saved as it is (exact input gradient), when it is saved.
+    wb = layer.weight.detach().to(torch.bfloat16)
+    if x_grad:
+        assert torch.equal(w_saved, wb.t() if isinstance(layer, nn.Linear) else wb)
+    y.backward(g)
+    if x_grad:
+        assert torch.equal(x1.grad, x.grad)
+    assert torch.equal(layer.bias.grad, plain.bias.grad)
+    assert not torch.equal(layer.weight.grad, plain.weight.grad)
+
+
+@needs_half
+def test_autocast_frozen_weight_stays_exact():
+    layer = nn.Linear(16, 8)
+    layer.weight.requires_grad_(False)
+    plain = copy.deepcopy(layer)
+    dropit.to_dropit(layer, "mink", 0.9)
+    x = torch.randn(8, 16, requires_grad=True)
+    x1 = x.detach().clone().requires_grad_(True)
+    with torch.autocast("cpu"):
+        plain(x).float().sum().backward()
+        layer(x1).float().sum().backward()
+    assert torch.equal(x1.grad, x.grad)
+    assert dropit.live_saved_bytes().sparse == 0
+
+
+# ---- whole models: gamma 0 is plain PyTorch, bit for bit -----------------------------------------
+
+
+@pytest.mark.parametrize("model", ["cnn", "vit"])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_gamma_zero_is_bit_identical(model, inplace):
+    import fmnist
+
+    net = fmnist.make_model(model)
+    if inplace:
+        for m in net.modules():
+            if isinstance(m, nn.ReLU):
+                m.inplace = True
+    plain = copy.deepcopy(net)
+    x, labels = torch.randn(16, 1, 28, 28, requires_grad=True), torch.randint(0, 10, (16,))
+    x1 = x.detach().clone().requires_grad_(True)
+    F.cross_entropy(plain(x), labels).backward()
+    handle = dropit.to_dropit(net, "mink", 0.0)
+    assert {k for _, k in handle.layers} == {"weight", "relu"} | ({"pool"} if model == "cnn" else set())
+    loss = F.cross_entropy(net(x1), labels)
+    assert dropit.live_saved_bytes().total > 0
+    loss.backward()
+    assert dropit.live_saved_bytes().total == 0
+    assert torch.equal(x1.grad, x.grad)
+    for (n, a), b in zip(net.named_parameters(), plain.parameters()):
+        assert torch.equal(a.grad, b.grad), n
+
+
+# ---- Random --------------------------------------------------------------------------------
+
+
+def test_random_is_reproducible_per_seed_and_fresh_per_step():
+    def two_steps(seed):
+        torch.manual_seed(1)
+        lin = nn.Linear(32, 16)
+        dropit.to_dropit(lin, "random", 0.75, seed=seed)
+        x = torch.randn(8, 32) + 3.0  # no zeros: the kept positions are the non-zeros
+        kept, grads = [], []
+        for _ in range(2):
+            y = lin(x)
+            kept.append(saved(y, "mat1") != 0)
+            y.sum().backward()
+            grads.append(lin.weight.grad.clone())
+            lin.zero_grad()
+        return kept, grads
+
+    (a1, a2), ga = two_steps(5)
+    (b1, b2), gb = two_steps(5)
+    (c1, _), _ = two_steps(6)
+    assert torch.equal(a1, b1) and torch.equal(a2, b2)
+    assert all(torch.equal(p, q) for p, q in zip(ga, gb))
+    assert a1.sum() == reference.kept_count(8 * 32, 0.75)
+    assert not torch.equal(a1, a2)  # fresh positions at every step
+    assert not torch.equal(a1, c1)  # another seed, other positions
+
+
+def test_random_positions_follow_the_documented_seed():
+    net = nn.Sequential(nn.Linear(40, 8), nn.Linear(8, 8), nn.Linear(8, 3))
+    dropit.to_dropit(net, "random", 0.9, seed=11)
+    x = torch.randn(10, 40) + 4.0
+    for step in (1, 2, 3):
+        h = net[0](x)
+        want = reference.random_select(x, 0.9, reference.layer_seed(11, 0, step))
+        assert torch.equal(saved(h, "mat1"), want)
+        h2 = net[1](h.detach() + 5.0)
+        want2 = reference.random_select(h.detach() + 5.0, 0.9, reference.layer_seed(11, 1, step))
+        assert torch.equal(saved(h2, "mat1"), want2)
+
+
+# ---- masks: ReLU and MaxPool2d ---------------------------------------------------------------
+
+POOL_CASES = [
+    dict(kernel_size=2),
+    dict(kernel_size=2, stride=1),
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    dict(kernel_size=(2, 3), stride=(2, 1), dilation=(2, 1)),
+    dict(kernel_size=2, ceil_mode=True),
+]
+
+
+@pytest.mark.parametrize("kw", POOL_CASES, ids=[str(c) for c in POOL_CASES])
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "unbatched"])
+def test_max_pool_is_exact_and_saves_codes(kw, layout):
+    pool = nn.MaxPool2d(**kw)
+    dropit.to_dropit(pool, "mink", 0.9)
+    x = torch.randn(2, 3, 13, 15)
+    x[0, 0, :4, :4] = 1.0  # ties: the first maximum in scan order wins, as in PyTorch
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    if layout == "unbatched":
+        x = x[0]
+    x.requires_grad_(True)
+    plain_x = x.detach().clone().requires_grad_(True)
+    y0, i0 = F.max_pool2d(plain_x, return_indices=True, **kw)
+    y = pool(x)
+    assert torch.equal(y, y0)
+    assert torch.equal(saved(y, "result1"), i0)
+    assert dropit.live_saved_bytes().masks > 0
+    g = torch.randn_like(y0)
+    y0.backward(g)
+    y.backward(g)
+    assert torch.equal(x.grad, plain_x.grad)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_relu_is_exact_and_saves_a_mask(inplace, dtype):
+    lin = nn.Linear(16, 64).to(dtype)
+    relu = nn.ReLU(inplace=inplace)
+    dropit.to_dropit(relu, "mink", 0.9)
+    x = torch.randn(33, 16, dtype=dtype, requires_grad=True)
+    h = lin(x)
+    h.data[0, :5] = 0.0  # relu's gradient at 0 is 0
+    h.data[1, 0] = float("nan")  # NaN passes the gradient
+    x0 = x.detach().clone().requires_grad_(True)
+    h0 = lin(x0)
+    h0.data.copy_(h.data)
+    y0 = F.relu(h0)
+    y = relu(h)
+    assert torch.equal(y.nan_to_num(), y0.nan_to_num())
+    mask = saved(y, "result")
+    assert torch.equal(mask, (~(y0 <= 0)).to(dtype))  # 1 where the gradient passes
+    assert dropit.live_saved_bytes().masks == ((33 * 64 + 31) // 32) * 4
+    g = torch.randn_like(y0)
+    y0.backward(g)
+    y.backward(g)
+    assert torch.equal(x.grad, x0.grad)
+    assert dropit.live_saved_bytes().masks == 0
+
+
+def test_masks_off_leaves_relu_and_pool_alone():
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.MaxPool2d(2), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 13 * 13, 2))
+    handle = dropit.to_dropit(net, "mink", 0.9, masks=False)
+    assert handle.layers == [("0", "weight"), ("4", "weight")]
+    net(torch.randn(2, 1, 28, 28)).sum()
+    assert dropit.live_saved_bytes().masks == 0
+
+
+# ---- what is never packed -------------------------------------------------------------------
+
+
+def test_parameters_are_never_packed():
+    class FromParameter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Parameter(torch.randn(6, 12))
+            self.proj = nn.Linear(12, 4)
+
+        def forward(self):
+            return self.proj(self.table) + self.proj(self.table.t().t()[1:])[0]
+
+    m = FromParameter()
+    plain = copy.deepcopy(m)
+    dropit.to_dropit(m, "mink", 0.9)
+    m().sum().backward()
+    plain().sum().backward()
+    for a, b in zip(m.parameters(), plain.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    assert dropit.live_saved_bytes().sparse == 0
+
+
+def test_eval_and_no_grad_pack_nothing():
+    import fmnist
+
+    net = fmnist.make_cnn()
+    dropit.to_dropit(net, "mink", 0.9)
+    x = torch.randn(4, 1, 28, 28)
+    net.eval()
+    y = net(x)
+    assert y.requires_grad and dropit.live_saved_bytes().total == 0
+    net.train()
+    with torch.no_grad():
+        net(x)
+    assert dropit.live_saved_bytes().total == 0
+    y = net(x)
+    assert dropit.live_saved_bytes().total > 0
+    del y
+
+
+# ---- handles, exclusions, errors ----------------------------------------------------------------
+
+
+def hook_count(model):
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
+def test_exclude_and_remove():
+    import fmnist
+
+    net = fmnist.make_model("vit")
+    handle = dropit.to_dropit(net, "mink", 0.9, exclude=["patch", "head", "blocks.1"])
+    names = [n for n, _ in handle.layers]
+    assert "patch" not in names and "head" not in names
+    assert not any(n.startswith("blocks.1.") for n in names)
+    assert "blocks.0.qkv" in names and "blocks.2.act" in names
+    assert hook_count(net) == 2 * len(handle)
+    handle.remove()
+    assert hook_count(net) == 0
+    handle.remove()  # idempotent
+    y = net(torch.randn(2, 1, 28, 28))
+    assert dropit.live_saved_bytes().total == 0
+    with dropit.to_dropit(net, "mink", 0.9) as again:
+        assert len(again) > 0
+    assert hook_count(net) == 0
+    del y
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(strategy="topk"), "unknown kind 'topk'"),
+    (dict(gamma=1.5), r"gamma must be in \[0, 1\], got 1.5"),
+    (dict(gamma=-0.5, strategy="random"), r"Random: gamma must be in \[0, 1\]"),
+    (dict(exclude=["0", "nope", "features.3"]), "exclude names no module of the model: 'nope', 'features.3'"),
+])
+def test_bad_arguments_register_nothing(kwargs, message):
+    import fmnist
+
+    net = fmnist.make_cnn()
+    with pytest.raises(dropit.Error, match=message):
+        dropit.to_dropit(net, **kwargs)
+    assert hook_count(net) == 0
+    dropit.to_dropit(net).remove()  # and the model is still free to convert
+
+
+def test_converting_twice_is_refused():
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    handle = dropit.to_dropit(net)
+    with pytest.raises(dropit.Error, match="already has dropit hooks"):
+        dropit.to_dropit(net)
+    assert hook_count(net) == 4
+    handle.remove()
+    dropit.to_dropit(net, "random", 0.5).remove()
+    with pytest.raises(TypeError):
+        dropit.to_dropit(lambda x: x)
+
+
+def test_a_forward_that_raises_leaves_no_hook_behind():
+    class Failing(nn.ReLU):
+        def forward(self, x):
+            y = super().forward(x)
+            raise RuntimeError("boom")
+
+    net = nn.Sequential(nn.Linear(8, 8), Failing())
+    dropit.to_dropit(net, "mink", 0.9)
+    x = torch.randn(4, 8, requires_grad=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        net(x)
+    # Outside any dropit layer, a ReLU of the same shape saves its dense output as usual.
+    a = torch.randn(4, 8, requires_grad=True)
+    y = torch.relu(a)
+    assert torch.equal(saved(y, "result"), y)
+    # And the layers work again.
+    net[1] = nn.ReLU()
+    dropit.to_dropit(net[1])
+    h = net(x)
+    assert torch.equal(saved(h, "result"), (h > 0).float())
+
+
+# ---- the saved_tensors block ----------------------------------------------------------------
+
+
+def test_saved_tensors_block():
+    lin = nn.Linear(20, 5)
+    x = torch.randn(7, 20, requires_grad=True)
+    with dropit.saved_tensors(dropit.MinK(0.9)):
+        y = lin(x)
+    assert torch.equal(saved(y, "mat1"), reference.mink(x.detach(), 0.9))
+    assert saved(y, "mat2").data_ptr() == lin.weight.data_ptr()
+    plain = copy.deepcopy(lin)
+    x0 = x.detach().clone().requires_grad_(True)
+    with dropit.saved_tensors(dropit.Identity()):
+        y1 = lin(x0)
+    y1.sum().backward()
+    plain(x.detach().clone()).sum().backward()
+    assert torch.equal(lin.weight.grad, plain.weight.grad)
+    with pytest.raises(TypeError):
+        dropit.saved_tensors(0.9)

@@ -1,0 +1,119 @@
+"""dropit.pack and the policies, against the oracles in reference.py."""
+import pickle
+
+import pytest
+import torch
+
+import dropit
+import reference
+
+HALF_TYPES = [torch.bfloat16, torch.float16] if dropit._C.has_half else []
+DTYPES = [torch.float32, torch.float64] + HALF_TYPES
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 10, 31, 1000, 300_000])
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 0.9, 0.99, 1.0])
+def test_mink_matches_oracle(dtype, n, gamma):
+    x = torch.randn(n).to(dtype)
+    p = dropit.pack(x, dropit.MinK(gamma))
+    assert p.numel == n and p.shape == (n,) and p.dtype == dtype
+    assert p.kept == reference.kept_count(n, gamma)
+    assert torch.equal(p.restore(), reference.mink(x, gamma))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mink_ties_nan_inf_signed_zero(dtype):
+    # Few distinct magnitudes: most of the cut falls on ties, which keep the lowest positions.
+    x = torch.randint(-3, 4, (5000,)).to(dtype)
+    for gamma in (0.3, 0.5, 0.9):
+        assert torch.equal(dropit.pack(x, dropit.MinK(gamma)).restore(), reference.mink(x, gamma))
+    special = torch.tensor([0.0, -0.0, float("inf"), 1.0, float("nan"), -float("inf"), -2.0, 0.5])
+    special = special.to(dtype)
+    for gamma in (0.25, 0.5, 0.75):
+        got = dropit.pack(special, dropit.MinK(gamma)).restore()
+        want = reference.mink(special, gamma)
+        assert torch.equal(torch.isnan(got), torch.isnan(want))
+        assert torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_shape_is_kept(dtype):
+    x = torch.randn(4, 3, 5, 7).to(dtype)
+    restored = dropit.pack(x, dropit.MinK(0.8)).restore()
+    assert restored.shape == x.shape and restored.dtype == dtype and restored.is_contiguous()
+    assert torch.equal(restored, reference.mink(x, 0.8))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345, 2**64 - 1])
+def test_random_matches_hash_oracle(seed):
+    x = torch.randn(2000) + 10.0  # no zeros: the kept positions are where the result is non-zero
+    p = dropit.pack(x, dropit.Random(0.9, seed))
+    assert torch.equal(p.restore(), reference.random_select(x, 0.9, seed))
+
+
+def test_random_positions_depend_only_on_seed():
+    x, z = torch.randn(3000) + 5, torch.randn(3000) - 5
+    a = dropit.pack(x, dropit.Random(0.7, 3)).restore() != 0
+    b = dropit.pack(z, dropit.Random(0.7, 3)).restore() != 0
+    c = dropit.pack(x, dropit.Random(0.7, 4)).restore() != 0
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_identity_is_a_copy():
+    x = torch.randn(3, 1000)
+    p = dropit.pack(x, dropit.Identity())
+    assert p.kept == x.numel() and torch.equal(p.restore(), x)
+    assert p.nbytes >= x.numel() * 4
+
+
+def test_payload_is_smaller_than_the_dense_tensor():
+    x = torch.randn(1 << 20)
+    p = dropit.pack(x, dropit.MinK(0.9))
+    # 0.4 B of values + 1 bit of positions + block offsets per element (the C++ format's bound).
+    assert p.nbytes <= 0.53 * x.numel()
+    assert dropit.pack(x, dropit.MinK(0.99)).nbytes <= 0.081 * x.numel()
+
+
+def test_live_saved_bytes_follow_the_pack():
+    before = dropit.live_saved_bytes()
+    p = dropit.pack(torch.randn(100_000), dropit.MinK(0.9))
+    during = dropit.live_saved_bytes()
+    assert during.sparse - before.sparse == p.nbytes
+    assert during.total == during.sparse + during.masks
+    del p
+    assert dropit.live_saved_bytes().sparse == before.sparse
+
+
+@pytest.mark.parametrize("gamma", [-0.1, 1.5, float("nan")])
+def test_bad_gamma_raises_with_the_library_message(gamma):
+    with pytest.raises(dropit.Error, match=r"MinK: gamma must be in \[0, 1\]"):
+        dropit.MinK(gamma)
+    with pytest.raises(dropit.Error, match=r"Random: gamma must be in \[0, 1\]"):
+        dropit.Random(gamma, 1)
+    with pytest.raises(ValueError):  # dropit.Error is a ValueError
+        dropit.MinK(gamma)
+
+
+def test_bad_tensors_raise():
+    with pytest.raises(dropit.Error, match="must be contiguous"):
+        dropit.pack(torch.randn(8, 8).t(), dropit.MinK(0.5))
+    # A CPU-only PyTorch cannot make CUDA tensors; the meta device stands in for any device the
+    # host executor cannot read, and gets the same check.
+    with pytest.raises(dropit.Error, match="tensors on meta are not supported"):
+        dropit.pack(torch.empty(8, device="meta"), dropit.MinK(0.5))
+    with pytest.raises(dropit.Error, match="no dropit element type for dtype Int"):
+        dropit.pack(torch.arange(8, dtype=torch.int32), dropit.MinK(0.5))
+    with pytest.raises(dropit.Error, match="unknown kind 'topk'"):
+        dropit.Policy("topk", 0.5)
+    with pytest.raises(TypeError):
+        dropit.pack(torch.randn(4), 0.9)
+
+
+def test_policies_pickle_and_compare():
+    for p in (dropit.MinK(0.9), dropit.Random(0.5, 7), dropit.Identity()):
+        q = pickle.loads(pickle.dumps(p))
+        assert type(q) is type(p) and q == p
+    assert repr(dropit.Random(0.5, 7)) == "dropit.Random(gamma=0.5, seed=7)"
+    assert dropit.MinK(0.9).kind == "mink" and dropit.MinK(0.9).gamma == 0.9
