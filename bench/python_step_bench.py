@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""One training step of the Fashion-MNIST CNN and ViT in PyTorch from Python: plain, with dropit
+(``dropit.to_dropit``, MinK), and with DropIT's method in plain PyTorch (``--impl reference`` of
+the example), measured in ONE interleaved run so that the shared machine's slow stretches fall on
+every configuration alike.
+
+For each model: the bytes the graph holds after forward (dropit's counting CPU allocator) and the
+step time (forward, cross-entropy, backward, AdamW) over real Fashion-MNIST batches. Each round runs
+one step of every configuration in a fresh random order; the figure is the median over rounds,
+with the ratio against plain PyTorch and the interquartile range of the per-round ratios.
+
+    bench/python_step_bench.py [--rounds 200] [--warmup 20] [--batch-size 128] [--threads 2]
+                               [--gamma 0.9] [--models cnn vit] [--json FILE] [--markdown FILE]
+
+Needs dropit importable (PYTHONPATH=build/release/python, or a pip-installed package).
+"""
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples", "python"))
+import fmnist  # noqa: E402
+
+import dropit  # noqa: E402
+
+
+def configurations(model, gamma):
+    """(name, model) for every configuration, all from the same initial weights."""
+    torch.manual_seed(0)
+    base = fmnist.make_model(model)
+    plain = copy.deepcopy(base)
+    converted = copy.deepcopy(base)
+    dropit.to_dropit(converted, "mink", gamma)
+    excluded = copy.deepcopy(base)
+    dropit.to_dropit(excluded, "mink", gamma, exclude=fmnist.REFERENCE_EXCLUDE[model])
+    reference = copy.deepcopy(base)
+    fmnist.reference_to_dropit(reference, gamma)
+    return [("none", plain), ("dropit", converted), ("dropit-excl", excluded),
+            ("reference", reference)]
+
+
+def held_after_forward(net, x, y):
+    with dropit.memory_counter() as counter:
+        before = counter.current_bytes
+        loss = F.cross_entropy(net(x), y)
+        held = counter.current_bytes - before
+        loss.backward()
+    net.zero_grad(set_to_none=True)
+    return held
+
+
+def quartiles(values):
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
+
+
+def bench_model(model, a, images, labels):
+    configs = configurations(model, a.gamma)
+    optimizers = {name: torch.optim.AdamW(net.parameters(), lr=1e-4) for name, net in configs}
+    batches = [(images[i:i + a.batch_size], labels[i:i + a.batch_size])
+               for i in range(0, len(images) - a.batch_size + 1, a.batch_size)]
+    held = {name: held_after_forward(net, *batches[0]) for name, net in configs}
+    times = {name: [] for name, _ in configs}
+    order = [c for c in configs]
+    rng = random.Random(1)
+    for r in range(a.warmup + a.rounds):
+        rng.shuffle(order)
+        x, y = batches[r % len(batches)]
+        for name, net in order:
+            opt = optimizers[name]
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=False)
+            F.cross_entropy(net(x), y).backward()
+            opt.step()
+            if r >= a.warmup:
+                times[name].append(time.perf_counter() - t0)
+    rows = []
+    for name, _ in configs:
+        ratios = [t / p for t, p in zip(times[name], times["none"])]
+        q1, q3 = quartiles(ratios)
+        rows.append({
+            "model": model, "impl": name,
+            "held_after_forward_bytes": held[name],
+            "held_ratio": held[name] / held["none"],
+            "step_ms_median": 1e3 * statistics.median(times[name]),
+            "step_ratio_median": statistics.median(ratios),
+            "step_ratio_q1": q1, "step_ratio_q3": q3,
+            "rounds": len(times[name]),
+        })
+    return rows
+
+
+def markdown(rows, a, command):
+    lines = [
+        f"Measured {datetime.date.today().isoformat()} by `{command}` "
+        f"({platform.processor() or platform.machine()}, {os.cpu_count()} cores, PyTorch "
+        f"{torch.__version__}, {a.threads} threads, batch {a.batch_size}, gamma {a.gamma}, "
+        f"{a.rounds} rounds).",
+        "",
+        "| model | configuration | held after forward MiB | vs plain | median step ms | vs plain "
+        "(median of per-round ratios) | interquartile range of the ratio |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    names = {"none": "plain PyTorch", "dropit": "dropit (every layer)",
+             "dropit-excl": "dropit (first layer and head dense)",
+             "reference": "DropIT's method in PyTorch (topk, int32)"}
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {names[r['impl']]} | {r['held_after_forward_bytes'] / 2**20:.2f} | "
+            f"{r['held_ratio']:.3f}x | {r['step_ms_median']:.1f} | {r['step_ratio_median']:.3f}x | "
+            f"{r['step_ratio_q1']:.3f}-{r['step_ratio_q3']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--gamma", type=float, default=0.9)
+    p.add_argument("--models", nargs="+", default=["cnn", "vit"])
+    p.add_argument("--json", default="")
+    p.add_argument("--markdown", default="")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    images, labels = fmnist.load("train", limit=a.batch_size * 16)
+    rows = []
+    for model in a.models:
+        rows += bench_model(model, a, images, labels)
+    command = "bench/python_step_bench.py " + " ".join(sys.argv[1:])
+    text = markdown(rows, a, command.strip())
+    print(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"date": datetime.date.today().isoformat(), "command": command.strip(),
+                       "threads": a.threads, "batch": a.batch_size, "gamma": a.gamma,
+                       "rows": rows}, f, indent=1)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
