@@ -60,47 +60,50 @@ inline std::uint32_t relu_word(const T* xs, T* ys, int count) noexcept {
   return m;
 }
 
-/// y = relu(x) and the mask !(x <= 0) (x > 0, or NaN: where LibTorch passes the gradient).
-template <class T>
-void relu_mask_forward(const T* x, T* y, std::uint32_t* words, std::int64_t n) {
+/// Calls f(w, base, count) for every 32-element mask word of n elements (base = 32 w, count <=
+/// 32 elements), in parallel tasks of `mask_grain_words` words.
+template <class F>
+void for_each_mask_word(std::int64_t n, const F& f) {
   const std::int64_t nw = (n + 31) / 32;
   at::parallel_for(0, nw, mask_grain_words, [&](std::int64_t w0, std::int64_t w1) {
     for (std::int64_t w = w0; w < w1; ++w) {
       const std::int64_t base = w * 32;
-      const int count = static_cast<int>(std::min<std::int64_t>(32, n - base));
-#if DROPIT_TORCH_SSE2
-      if constexpr (std::is_same_v<T, float>) {
-        if (count == 32) {
-          words[w] = relu_word_sse2(x + base, y + base);
-          continue;
-        }
-      }
-#endif
-      words[w] = relu_word(x + base, y + base, count);
+      f(w, base, static_cast<int>(std::min<std::int64_t>(32, n - base)));
     }
+  });
+}
+
+/// y = relu(x) and the mask !(x <= 0) (x > 0, or NaN: where LibTorch passes the gradient).
+template <class T>
+void relu_mask_forward(const T* x, T* y, std::uint32_t* words, std::int64_t n) {
+  for_each_mask_word(n, [&](std::int64_t w, std::int64_t base, int count) {
+#if DROPIT_TORCH_SSE2
+    if constexpr (std::is_same_v<T, float>) {
+      if (count == 32) {
+        words[w] = relu_word_sse2(x + base, y + base);
+        return;
+      }
+    }
+#endif
+    words[w] = relu_word(x + base, y + base, count);
   });
 }
 
 /// gx = g where the mask is set, 0 elsewhere.
 template <class T>
 void relu_mask_backward(const T* g, const std::uint32_t* words, T* gx, std::int64_t n) {
-  const std::int64_t nw = (n + 31) / 32;
-  at::parallel_for(0, nw, mask_grain_words, [&](std::int64_t w0, std::int64_t w1) {
-    for (std::int64_t w = w0; w < w1; ++w) {
-      const std::int64_t base = w * 32;
-      const int count = static_cast<int>(std::min<std::int64_t>(32, n - base));
-      const std::uint32_t m = words[w];
+  for_each_mask_word(n, [&](std::int64_t w, std::int64_t base, int count) {
+    const std::uint32_t m = words[w];
 #if DROPIT_TORCH_SSE2
-      if constexpr (std::is_same_v<T, float>) {
-        if (count == 32) {
-          relu_backward_word_sse2(g + base, m, gx + base);
-          continue;
-        }
+    if constexpr (std::is_same_v<T, float>) {
+      if (count == 32) {
+        relu_backward_word_sse2(g + base, m, gx + base);
+        return;
       }
-#endif
-      for (int j = 0; j < count; ++j)
-        gx[base + j] = keep_or_zero(g[base + j], m >> j & 1u);
     }
+#endif
+    for (int j = 0; j < count; ++j)
+      gx[base + j] = keep_or_zero(g[base + j], m >> j & 1u);
   });
 }
 

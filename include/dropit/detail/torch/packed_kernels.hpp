@@ -22,58 +22,46 @@ namespace dropit::torch::detail {
 /// words[w] bit j = !(y[32 w + j] <= 0): where ReLU's backward passes the gradient.
 template <class T>
 void positive_mask(const T* y, std::uint32_t* words, std::int64_t n) {
-  const std::int64_t nw = (n + 31) / 32;
-  at::parallel_for(0, nw, mask_grain_words, [&](std::int64_t w0, std::int64_t w1) {
-    for (std::int64_t w = w0; w < w1; ++w) {
-      const std::int64_t base = w * 32;
-      const int count = static_cast<int>(std::min<std::int64_t>(32, n - base));
+  for_each_mask_word(n, [&](std::int64_t w, std::int64_t base, int count) {
 #if DROPIT_TORCH_SSE2
-      if constexpr (std::is_same_v<T, float>) {
-        if (count == 32) {
-          const __m128 zero = _mm_setzero_ps();
-          std::uint32_t m = 0;
-          for (int q = 0; q < 8; ++q) {
-            const __m128 le = _mm_cmple_ps(_mm_loadu_ps(y + base + 4 * q), zero);  // NaN: false
-            m |= static_cast<std::uint32_t>(~_mm_movemask_ps(le) & 0xf) << (4 * q);
-          }
-          words[w] = m;
-          continue;
+    if constexpr (std::is_same_v<T, float>) {
+      if (count == 32) {
+        const __m128 zero = _mm_setzero_ps();
+        std::uint32_t m = 0;
+        for (int q = 0; q < 8; ++q) {
+          const __m128 le = _mm_cmple_ps(_mm_loadu_ps(y + base + 4 * q), zero);  // NaN: false
+          m |= static_cast<std::uint32_t>(~_mm_movemask_ps(le) & 0xf) << (4 * q);
         }
+        words[w] = m;
+        return;
       }
-#endif
-      std::uint32_t m = 0;
-      for (int j = 0; j < count; ++j) {
-        m |= static_cast<std::uint32_t>(!(static_cast<acc_t<T>>(y[base + j]) <= acc_t<T>(0))) << j;
-      }
-      words[w] = m;
     }
+#endif
+    std::uint32_t m = 0;
+    for (int j = 0; j < count; ++j)
+      m |= static_cast<std::uint32_t>(!(static_cast<acc_t<T>>(y[base + j]) <= acc_t<T>(0))) << j;
+    words[w] = m;
   });
 }
 
 /// out[i] = 1 where bit i is set, 0 elsewhere.
 template <class T>
 void expand_mask(const std::uint32_t* words, T* out, std::int64_t n) {
-  const std::int64_t nw = (n + 31) / 32;
   const T one = static_cast<T>(1.0f);
-  at::parallel_for(0, nw, mask_grain_words, [&](std::int64_t w0, std::int64_t w1) {
-    for (std::int64_t w = w0; w < w1; ++w) {
-      const std::int64_t base = w * 32;
-      const int count = static_cast<int>(std::min<std::int64_t>(32, n - base));
-      const std::uint32_t m = words[w];
+  for_each_mask_word(n, [&](std::int64_t w, std::int64_t base, int count) {
+    const std::uint32_t m = words[w];
 #if DROPIT_TORCH_SSE2
-      if constexpr (std::is_same_v<T, float>) {
-        if (count == 32) {
-          const __m128 ones = _mm_set1_ps(1.0f);
-          for (int q = 0; q < 8; ++q) {
-            _mm_storeu_ps(out + base + 4 * q, _mm_and_ps(ones, nibble_lanes(m >> (4 * q) & 0xfu)));
-          }
-          continue;
-        }
+    if constexpr (std::is_same_v<T, float>) {
+      if (count == 32) {
+        const __m128 ones = _mm_set1_ps(1.0f);
+        for (int q = 0; q < 8; ++q)
+          _mm_storeu_ps(out + base + 4 * q, _mm_and_ps(ones, nibble_lanes(m >> (4 * q) & 0xfu)));
+        return;
       }
-#endif
-      for (int j = 0; j < count; ++j)
-        out[base + j] = keep_or_zero(one, m >> j & 1u);
     }
+#endif
+    for (int j = 0; j < count; ++j)
+      out[base + j] = keep_or_zero(one, m >> j & 1u);
   });
 }
 
