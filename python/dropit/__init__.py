@@ -75,9 +75,11 @@ class Identity(_C.Policy):
 def pack(tensor, policy):
     """Packs a contiguous CPU tensor with a policy; ``.restore()`` rebuilds it densely.
 
-    >>> p = dropit.pack(torch.tensor([0.1, -3.0, 0.2, 2.5]), dropit.MinK(0.5))
-    >>> p.restore()
-    tensor([ 0.0000, -3.0000,  0.0000,  2.5000])
+        p = dropit.pack(torch.tensor([0.1, -3.0, 0.2, 2.5]), dropit.MinK(0.5))
+        p.restore()  # tensor([0., -3., 0., 2.5]): the 2 largest magnitudes, zeros elsewhere
+        p.kept, p.numel, p.nbytes  # 2, 4, and the payload's size in bytes
+
+    Raises dropit.Error for a non-contiguous or non-CPU tensor or an unsupported dtype.
     """
     return _C.pack(tensor, policy)
 

@@ -37,6 +37,12 @@ def test_mink_ties_nan_inf_signed_zero(dtype):
         assert torch.equal(got.nan_to_num(), want.nan_to_num())
 
 
+def test_docstring_example():
+    p = dropit.pack(torch.tensor([0.1, -3.0, 0.2, 2.5]), dropit.MinK(0.5))
+    assert torch.equal(p.restore(), torch.tensor([0.0, -3.0, 0.0, 2.5]))
+    assert (p.kept, p.numel) == (2, 4) and p.nbytes > 0
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_shape_is_kept(dtype):
     x = torch.randn(4, 3, 5, 7).to(dtype)
