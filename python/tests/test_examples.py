@@ -1,0 +1,44 @@
+"""The Python examples run: examples/python/fashion_mnist.py for every --impl (a few steps), its CSV
+and the summary script, and its exit codes."""
+import csv
+
+import pytest
+
+import fashion_mnist
+import summary
+
+
+def run(tmp_path, *args):
+    out = tmp_path / "runs.csv"
+    code = fashion_mnist.main(["--limit", "512", "--batch-size", "64", "--epochs", "1", "--seed", "1",
+                               "--no-progress", "--csv", str(out), *args])
+    return code, list(csv.DictReader(open(out))) if out.exists() else []
+
+
+@pytest.mark.parametrize("model", ["cnn", "vit"])
+def test_every_impl_trains_and_writes_its_row(tmp_path, model, capsys):
+    rows = []
+    for impl in ("none", "dropit", "reference"):
+        code, rows = run(tmp_path, "--model", model, "--impl", impl, "--reference-exclude")
+        assert code == 0  # the training loss fell
+    out = capsys.readouterr().out
+    assert "test accuracy" in out and "loss fell: yes" in out
+    by_impl = {r["impl"]: r for r in rows}
+    assert set(by_impl) == {"none", "dropit", "reference"}
+    assert by_impl["dropit"]["exclude"] == ";".join(sorted(fashion_mnist.fmnist.REFERENCE_EXCLUDE[model]))
+    saved = {k: int(r["saved_after_forward_bytes"]) for k, r in by_impl.items()}
+    assert saved["dropit"] < 0.7 * saved["none"]
+    assert int(by_impl["dropit"]["dropit_sparse_bytes"]) > 0
+    assert int(by_impl["none"]["dropit_sparse_bytes"]) == 0
+    # The summary reads the CSV and writes the table and the plot's data.
+    summary.main(str(tmp_path / "runs.csv"), str(tmp_path / "t.md"), str(tmp_path / "t.dat"), "test")
+    table = (tmp_path / "t.md").read_text()
+    assert "dropit, first layer and head dense" in table and "plain PyTorch" in table
+
+
+def test_bad_arguments_and_missing_data(tmp_path, capsys):
+    assert run(tmp_path, "--impl", "dropit", "--exclude", "nope")[0] == 2
+    assert "exclude names no module of the model: 'nope'" in capsys.readouterr().err
+    assert run(tmp_path, "--data", str(tmp_path / "nowhere"))[0] == 77
+    with pytest.raises(SystemExit):
+        run(tmp_path, "--impl", "reference", "--policy", "random")
