@@ -282,6 +282,12 @@ TEST_CASE("recompute sums the compute cost of the operations that run again") {
   CHECK(one.recompute == 2.0);  // b runs again
   const auto none = ck::evaluate(g, std::vector<ck::vertex_index>{});
   CHECK(none.recompute == 3.0);  // a and b run again
+
+  // One operation added three times runs again once, at the largest cost given for it.
+  g.add_edge("a", "b", 5.0);
+  g.add_edge("a", "b", 0.5);
+  CHECK(ck::evaluate(g, std::vector<ck::vertex_index>{1}).recompute == 5.0);
+  CHECK(ck::evaluate(g, std::vector<ck::vertex_index>{}).recompute == 6.0);
 }
 
 TEST_CASE("plans come out in topological order") {

@@ -53,7 +53,8 @@ struct edge {
  *
  * Vertices are named by a string id, unique in the graph. A graph is checked when it is solved (and
  * by `validate`): it must be acyclic, and every vertex must lie on a path from the source to the
- * target. Repeated edges are allowed and count once.
+ * target. Repeated edges are allowed and count once: in the plan's memory and in its `recompute`
+ * (at the largest compute cost given for the edge).
  */
 class graph {
  public:
@@ -68,7 +69,8 @@ class graph {
 
   /**
    * @brief Adds an operation from vertex `from` to vertex `to`.
-   * @param compute the operation's compute cost (>= 0), reported as `plan::recompute`
+   * @param compute the operation's compute cost (>= 0), reported as `plan::recompute` (an edge
+   * added again counts once, at the largest cost given)
    * @throw dropit::error if an index is out of range or `compute` is negative or not finite
    */
   void add_edge(vertex_index from, vertex_index to, double compute = 0.0);

@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -30,14 +31,14 @@ enum class kind : std::uint8_t { null, boolean, number, string, array, object };
 struct value {
   kind type = kind::null;
   bool boolean = false;
-  std::string text;  ///< number: the literal as written; string: the decoded UTF-8
-  std::vector<value> items;
-  std::vector<std::pair<std::string, value>> members;
+  std::string text;               ///< number: the literal as written; string: the decoded UTF-8
+  std::vector<value> items;       ///< array: the elements; object: the member values
+  std::vector<std::string> keys;  ///< object: the member keys, keys[i] naming items[i]
   std::size_t line = 0, column = 0;
 
   [[nodiscard]] const value* find(std::string_view key) const noexcept {
-    for (const auto& [k, v] : members)
-      if (k == key) return &v;
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == key) return &items[i];
     return nullptr;
   }
 };
@@ -135,13 +136,13 @@ class reader {
         ++i_;
         return v;
       }
+      std::unordered_set<std::string> seen;  // a linear check per key is quadratic in the keys
       for (;;) {
         skip_space();
         if (i_ >= s_.size() || s_[i_] != '"') fail("expected a string key, got ", describe());
         const std::size_t kline = line_, kcol = column();
         std::string key = string_body();
-        for (const auto& m : v.members)
-          if (m.first == key) fail_at(origin_, kline, kcol, "duplicate key \"", key, '"');
+        if (!seen.insert(key).second) fail_at(origin_, kline, kcol, "duplicate key \"", key, '"');
         skip_space();
         expect(':', "':' after the key");
         skip_space();
@@ -150,7 +151,8 @@ class reader {
         path_ += key;
         value item = parse(depth + 1);
         path_.resize(mark);
-        v.members.emplace_back(std::move(key), std::move(item));
+        v.keys.push_back(std::move(key));
+        v.items.push_back(std::move(item));
         skip_space();
         if (i_ < s_.size() && s_[i_] == ',') {
           ++i_;

@@ -202,7 +202,8 @@ class optimizer {
   std::vector<std::size_t> queue_;
 };
 
-/// Sorts, prices and checks a plan; `recompute` sums the compute cost of edges into segments.
+/// Sorts, prices and checks a plan; `recompute` sums the compute cost of the operations (edges,
+/// a repeated one once) into segments.
 inline plan finish_plan(const graph& g, const dag& d, std::vector<vertex_index> keep,
                         std::vector<segment> segs) {
   plan p;
@@ -224,8 +225,16 @@ inline plan finish_plan(const graph& g, const dag& d, std::vector<vertex_index> 
     if (a.entry != b.entry) return d.pos[a.entry] < d.pos[b.entry];
     return d.pos[a.vertices.front()] < d.pos[b.vertices.front()];
   });
+  // A repeated edge is one operation: it runs again once, at the largest cost given for it.
+  std::vector<edge> rerun;
   for (const edge& e : g.edges())
-    if (in_segment[e.to]) p.recompute += e.compute;
+    if (in_segment[e.to]) rerun.push_back(e);
+  std::sort(rerun.begin(), rerun.end(), [](const edge& a, const edge& b) {
+    return a.from != b.from ? a.from < b.from : a.to != b.to ? a.to < b.to : a.compute > b.compute;
+  });
+  for (std::size_t i = 0; i < rerun.size(); ++i)
+    if (i == 0 || rerun[i].from != rerun[i - 1].from || rerun[i].to != rerun[i - 1].to)
+      p.recompute += rerun[i].compute;
   p.checkpoints = std::move(keep);
   p.segments = std::move(segs);
   p.cost = p.checkpoint_cost + p.max_segment_cost;
