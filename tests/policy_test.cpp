@@ -109,7 +109,7 @@ namespace {
 struct keep_largest_signed {
   double gamma = 0.5;
   [[nodiscard]] std::size_t kept(std::size_t n) const { return dropit::MinK<>{gamma}.kept(n); }
-  [[nodiscard]] std::uint32_t key(float x, std::size_t) const {
+  [[nodiscard]] std::uint32_t key(float x, std::size_t) const noexcept {
     std::uint32_t b;
     std::memcpy(&b, &x, sizeof b);
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);  // order-preserving float -> unsigned
@@ -117,6 +117,11 @@ struct keep_largest_signed {
 };
 struct not_a_policy {
   int kept(std::size_t) const { return 0; }
+};
+/// A key that may throw: rejected (keys run on worker threads and in device kernels).
+struct throwing_key {
+  [[nodiscard]] std::size_t kept(std::size_t n) const { return n; }
+  [[nodiscard]] std::uint32_t key(float, std::size_t) const { return 0; }
 };
 }  // namespace
 
@@ -130,6 +135,7 @@ TEST_CASE("the policy_for concept accepts the built-in policies and a user's own
   static_assert(dropit::policy_for<dropit::Identity, float>);
   static_assert(dropit::policy_for<keep_largest_signed, float>);
   static_assert(!dropit::policy_for<not_a_policy, float>);
+  static_assert(!dropit::policy_for<throwing_key, float>);
   static_assert(!dropit::policy_for<dropit::MinK<0.9>, int>);
   static_assert(dropit::has_restore_scale<dropit::Random<>>);
   static_assert(!dropit::has_restore_scale<dropit::MinK<>>);

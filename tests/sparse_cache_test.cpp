@@ -408,7 +408,7 @@ TEST_CASE("bad input throws dropit::error and leaves the cache as it was") {
   SUBCASE("a policy that keeps more than n") {
     struct greedy {
       std::size_t kept(std::size_t n) const { return n + 1; }
-      std::uint32_t key(float, std::size_t) const { return 0; }
+      std::uint32_t key(float, std::size_t) const noexcept { return 0; }
     };
     dropit::SparseCache<float, greedy> g;
     CHECK_THROWS_WITH_AS(g.pack(dropit::host, x),

@@ -40,9 +40,9 @@ concept element = requires {
  * @brief What a selection policy provides, for element type T.
  *
  * - `p.kept(n)`: how many of n elements to keep (at most n);
- * - `p.key(x, i)`: an unsigned key for element x at index i, callable on host and (when the policy
- *   is used with the CUDA executor) on device; the k largest keys are kept, ties lowest index
- * first;
+ * - `p.key(x, i)`: a `noexcept` unsigned key for element x at index i, callable on host and (when
+ *   the policy is used with the CUDA executor) on device; the k largest keys are kept, ties lowest
+ *   index first;
  * - optionally `p.restore_scale(n, k)`: a factor restore applies to the kept values.
  *
  * A policy is a small trivially copyable value: it is passed by value to device kernels.
@@ -51,7 +51,10 @@ template <class P, class T>
 concept policy_for = element<T> && std::is_trivially_copyable_v<P> && std::copy_constructible<P> &&
     requires(const P& p, std::size_t n, T x) {
   { p.kept(n) } -> std::convertible_to<std::size_t>;
-  { p.key(x, n) } -> std::unsigned_integral;
+  // noexcept: keys are computed on worker threads and in device kernels, where an exception
+  // could not reach the caller.
+  { p.key(x, n) }
+  noexcept->std::unsigned_integral;
 };
 
 /// @brief Policies that scale the restored values (Random's unbiased mode).
