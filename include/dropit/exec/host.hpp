@@ -25,7 +25,8 @@ namespace dropit {
  * @endcode
  * Work runs on OpenMP threads when the caller compiles with OpenMP, else on a pool of std::threads
  * that starts on first use and stays (no extra runtime is needed); workers take chunks of the
- * work from a shared counter, so a worker the OS has not scheduled delays nothing. Inputs below
+ * work from a shared counter, so a worker the OS has not scheduled delays nothing, and a worker
+ * that cannot be started (no memory, no thread) leaves its chunks to those that run. Inputs below
  * `parallel_threshold` elements take the single-thread path. Every call is synchronous: it
  * returns when the payload or the output is complete. The vector kernels are chosen at run time
  * (SSE2, AVX2 or AVX-512 on x86-64); no compiler flag is needed.
@@ -48,7 +49,10 @@ struct host_executor {
    */
   static constexpr std::size_t parallel_threshold = std::size_t{1} << 17;
 
-  unsigned threads = 0;  ///< worker threads; 0 means all hardware threads
+  /// @brief The most threads an executor may ask for; more is a `dropit::error` at pack/restore.
+  static constexpr unsigned max_threads = 1024;
+
+  unsigned threads = 0;  ///< worker threads (at most max_threads); 0 means all hardware threads
   std::pmr::memory_resource* resource =
       nullptr;  ///< payload memory; null means the default resource
 

@@ -98,12 +98,7 @@ class thread_pool {
   bool try_run(unsigned threads, std::size_t chunks, chunk_fn fn, void* ctx) {
     std::unique_lock lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock()) return false;
-    while (workers_.size() + 1 < threads) {
-      auto w = std::make_unique<worker>();
-      w->thread = std::jthread(
-          [this, id = static_cast<unsigned>(workers_.size()) + 1, p = w.get()] { work(id, *p); });
-      workers_.push_back(std::move(w));
-    }
+    threads = start_workers(threads);
     const std::uint32_t epoch = ++epoch_;
     job_slot& job = jobs_[epoch & 1];
     job.fn.store(fn, std::memory_order_relaxed);
@@ -134,7 +129,7 @@ class thread_pool {
   void prewake(unsigned threads) {
     std::unique_lock lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock()) return;
-    start_workers(threads);
+    threads = start_workers(threads);
     for (unsigned i = 0; i + 1 < threads; ++i) {
       workers_[i]->ticket.fetch_add(1, std::memory_order_release);
       workers_[i]->ticket.notify_one();
@@ -142,13 +137,21 @@ class thread_pool {
   }
 
  private:
-  void start_workers(unsigned threads) {
-    while (workers_.size() + 1 < threads) {
-      auto w = std::make_unique<worker>();
-      w->thread = std::jthread(
-          [this, id = static_cast<unsigned>(workers_.size()) + 1, p = w.get()] { work(id, *p); });
-      workers_.push_back(std::move(w));
+  /// Starts workers until a job on `threads` threads has them; returns how many threads a job
+  /// can have (fewer when memory or the OS refuses a thread: the job's chunks go to those that
+  /// run, so a job never fails for want of workers).
+  unsigned start_workers(unsigned threads) noexcept {
+    try {
+      if (workers_.size() + 1 < threads) workers_.reserve(threads - 1);
+      while (workers_.size() + 1 < threads) {
+        auto w = std::make_unique<worker>();
+        w->thread = std::jthread(
+            [this, id = static_cast<unsigned>(workers_.size()) + 1, p = w.get()] { work(id, *p); });
+        workers_.push_back(std::move(w));  // capacity is reserved: cannot throw
+      }
+    } catch (...) {  // std::bad_alloc, std::system_error: no thread was left half-started
     }
+    return std::min<unsigned>(threads, static_cast<unsigned>(workers_.size()) + 1);
   }
 
   struct worker {
@@ -270,9 +273,12 @@ void parallel_for(unsigned threads, std::size_t items, F&& f) {
     }
   };
   std::vector<std::jthread> workers;
-  workers.reserve(threads - 1);
-  for (unsigned t = 1; t < threads; ++t)
-    workers.emplace_back([&claim, t] { claim(t); });
+  try {
+    workers.reserve(threads - 1);
+    for (unsigned t = 1; t < threads; ++t)
+      workers.emplace_back([&claim, t] { claim(t); });
+  } catch (...) {  // no memory or no thread for more workers: those started and this one suffice
+  }
   claim(0);
 #endif
 }
