@@ -56,6 +56,8 @@ struct host_executor {
   std::pmr::memory_resource* resource =
       nullptr;  ///< payload memory; null means the default resource
 
+  /// @brief Throws `dropit::error` if `threads` exceeds max_threads (pack and restore call it).
+  void check_threads() const;
   /// @brief The thread count this executor uses for inputs of n elements.
   [[nodiscard]] unsigned thread_count(std::size_t n) const noexcept;
   /// @brief The memory resource payloads come from.

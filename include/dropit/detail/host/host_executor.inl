@@ -13,6 +13,11 @@
 
 namespace dropit {
 
+inline void host_executor::check_threads() const {
+  DROPIT_EXPECTS(threads <= max_threads, "host_executor: threads must be at most ", max_threads,
+                 ", got ", threads);
+}
+
 inline unsigned host_executor::thread_count(std::size_t n) const noexcept {
   if (n < parallel_threshold || threads > max_threads) return 1;
   return threads != 0 ? threads : detail::hardware_threads();
@@ -139,16 +144,14 @@ void host_restore(const payload& payload, const packed_layout& layout, T* out, d
 template <class T, class Policy>
 detail::payload host_executor::pack(const Policy& policy, const T* x,
                                     const packed_layout& layout) const {
-  DROPIT_EXPECTS(threads <= max_threads, "host_executor: threads must be at most ", max_threads,
-                 ", got ", threads);
+  check_threads();
   return detail::host_pack(policy, x, layout, thread_count(layout.n), memory_resource());
 }
 
 template <class T>
 void host_executor::restore(const detail::payload& payload, const packed_layout& layout, T* out,
                             double scale) const {
-  DROPIT_EXPECTS(threads <= max_threads, "host_executor: threads must be at most ", max_threads,
-                 ", got ", threads);
+  check_threads();
   detail::host_restore(payload, layout, out, scale, thread_count(layout.n));
 }
 
