@@ -155,6 +155,10 @@ struct plan {
   cost_t regular_cost = 0;      ///< sum of all vertex costs (training without checkpoints)
   double recompute = 0.0;       ///< compute cost of the edges into segment vertices (rerun once)
   double solve_seconds = 0.0;   ///< wall time of the call that made the plan
+  /// Passes of the dynamic program over the division tree that the search over the segment bound
+  /// made (solve, solve_linear; 0 for evaluate and graphs without inner vertices). Each costs
+  /// O(vertices); on a chain of n unit costs the search makes O(sqrt(n)) of them.
+  std::size_t search_passes = 0;
 };
 
 /**
