@@ -1,8 +1,16 @@
 #!/usr/bin/env python3
 """One training step of the Fashion-MNIST CNN and ViT in PyTorch from Python: plain, with dropit
-(``dropit.to_dropit``, MinK), and with DropIT's method in plain PyTorch (``--impl reference`` of
-the example), measured in ONE interleaved run so that the shared machine's slow stretches fall on
-every configuration alike.
+(``dropit.to_dropit``, MinK), with DropIT's method in plain PyTorch (``--impl reference`` of the
+example), and a "hook floor", measured in ONE interleaved run so that the shared machine's slow
+stretches fall on every configuration alike.
+
+The hook floor is what any method that stores Linear/Conv2d inputs through PyTorch's
+save-for-backward hooks must at least do: forward pre-hooks and hooks that open
+``saved_tensors_hooks`` around each Linear/Conv2d (as ``to_dropit`` does), a pack hook that reads
+each saved input once (``t.sum()``) and keeps only its shape, and an unpack hook that writes it
+back as a dense tensor of zeros (PyTorch's backward reads a dense tensor). It trains nothing (its
+weight gradients are wrong) and leaves ReLU and MaxPool2d as PyTorch runs them; it prices the
+hooks, one read of every Linear/Conv input in forward and one dense write of it in backward.
 
 For each model: the bytes the graph holds after forward (dropit's counting CPU allocator) and the
 step time (forward, cross-entropy, backward, AdamW) over real Fashion-MNIST batches. Each round runs
@@ -35,6 +43,49 @@ import fmnist  # noqa: E402
 import dropit  # noqa: E402
 
 
+class _Floor:
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, t):
+        t.detach().sum()  # one read of the activation, as any pack must do
+        self.shape, self.dtype = t.shape, t.dtype
+
+    def restore(self):
+        return torch.zeros(self.shape, dtype=self.dtype)  # one dense write, as any restore must
+
+
+def _floor_pack(t):
+    if not t.is_floating_point() or isinstance(t, torch.nn.Parameter) or \
+            isinstance(t._base, torch.nn.Parameter):
+        return t  # parameters (and their views) are saved as they are, as dropit does
+    return _Floor(t)
+
+
+def _floor_unpack(obj):
+    return obj if isinstance(obj, torch.Tensor) else obj.restore()
+
+
+def hook_floor(net):
+    """Registers the hook floor (see the module doc) on net's Linear and Conv2d layers."""
+    kinds = (torch.nn.Linear, torch.nn.Conv2d)
+    for module in net.modules():
+        if isinstance(module, kinds):
+            scope = {}
+
+            def pre(mod, args, scope=scope):
+                if mod.training and torch.is_grad_enabled():
+                    scope["hooks"] = torch.autograd.graph.saved_tensors_hooks(_floor_pack,
+                                                                               _floor_unpack)
+                    scope["hooks"].__enter__()
+
+            def post(mod, args, out, scope=scope):
+                if "hooks" in scope:
+                    scope.pop("hooks").__exit__(None, None, None)
+
+            module.register_forward_pre_hook(pre)
+            module.register_forward_hook(post)
+
+
 def configurations(model, gamma):
     """(name, model) for every configuration, all from the same initial weights."""
     torch.manual_seed(0)
@@ -46,8 +97,10 @@ def configurations(model, gamma):
     dropit.to_dropit(excluded, "mink", gamma, exclude=fmnist.REFERENCE_EXCLUDE[model])
     reference = copy.deepcopy(base)
     fmnist.reference_to_dropit(reference, gamma)
+    floor = copy.deepcopy(base)
+    hook_floor(floor)
     return [("none", plain), ("dropit", converted), ("dropit-excl", excluded),
-            ("reference", reference)]
+            ("reference", reference), ("floor", floor)]
 
 
 def held_after_forward(net, x, y):
@@ -114,7 +167,8 @@ def markdown(rows, a, command):
     ]
     names = {"none": "plain PyTorch", "dropit": "dropit (every layer)",
              "dropit-excl": "dropit (first layer and head dense)",
-             "reference": "DropIT's method in PyTorch (topk, int32)"}
+             "reference": "DropIT's method in PyTorch (topk, int32)",
+             "floor": "hook floor: Linear/Conv inputs read once, restored as zeros (trains nothing)"}
     for r in rows:
         lines.append(
             f"| {r['model']} | {names[r['impl']]} | {r['held_after_forward_bytes'] / 2**20:.2f} | "
