@@ -8,6 +8,9 @@ function(dropit_set_warnings target)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${DROPIT_SANITIZE}
                                              -fno-omit-frame-pointer -fno-sanitize-recover=all>)
     target_link_options(${target} PRIVATE -fsanitize=${DROPIT_SANITIZE})
+    if(CMAKE_CXX_COMPILER_ID MATCHES "Clang" AND DROPIT_SANITIZE MATCHES "undefined")
+      target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize-ignorelist=${PROJECT_SOURCE_DIR}/cmake/sanitizers/ubsan_ignorelist.txt>)
+    endif()
   endif()
 endfunction()
 
