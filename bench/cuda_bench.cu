@@ -105,7 +105,7 @@ void bench_memcpy(benchmark::State& state) {
 template <class T, class P>
 void bench_pack(benchmark::State& state, P policy) {
   setup<T> s(static_cast<std::size_t>(state.range(0)));
-  const auto exec = dropit::cuda{s.stream};
+  const auto exec = dropit::cuda_executor{s.stream};
   const std::span<const T> x(s.x, s.n);
   dropit::SparseCache<T, P> cache{policy};
   cache.pack(exec, x);  // warm-up: the workspace and the memory pool
@@ -119,7 +119,7 @@ void bench_pack(benchmark::State& state, P policy) {
 template <class T, class P>
 void bench_restore(benchmark::State& state, P policy) {
   setup<T> s(static_cast<std::size_t>(state.range(0)));
-  const auto exec = dropit::cuda{s.stream};
+  const auto exec = dropit::cuda_executor{s.stream};
   dropit::SparseCache<T, P> cache{policy};
   cache.pack(exec, std::span<const T>(s.x, s.n));
   const std::span<T> out(s.out, s.n);

@@ -23,7 +23,7 @@ void spin(cudaStream_t stream, double ms) {
 
 TEST_CASE("cuda: pack and restore return without synchronizing the stream" * DROPIT_DEVICE) {
   test_stream stream;
-  const auto exec = dropit::cuda{stream.get()};
+  const auto exec = dropit::cuda_executor{stream.get()};
   const auto x = normal_values<float>((1 << 22) + 3, 21);
   device_buffer<float> dx(x), out(x.size());
   for (double g : {0.5, 0.9, 0.99}) {
@@ -47,15 +47,15 @@ TEST_CASE("cuda: a payload packed on one stream restores on another" * DROPIT_DE
   device_buffer<float> dx(x), out(x.size());
   dropit::SparseCache<float, dropit::MinK<0.9>> cache;
   spin(first.get(), 200);  // the pack is still queued when the restore is enqueued
-  cache.pack(dropit::cuda{first.get()}, dx.cspan());
-  cache.restore(dropit::cuda{second.get()}, out.span());
+  cache.pack(dropit::cuda_executor{first.get()}, dx.cspan());
+  cache.restore(dropit::cuda_executor{second.get()}, out.span());
   CHECK(same_bits<float>(out.to_host(second.get()), want));
   // Freeing the payload (on the first stream) waits for a restore still running on the second.
   spin(second.get(), 200);
-  cache.restore(dropit::cuda{second.get()}, out.span());
+  cache.restore(dropit::cuda_executor{second.get()}, out.span());
   cache.clear();
   dropit::SparseCache<float, dropit::MinK<0.9>> other;  // may reuse the freed memory
-  other.pack(dropit::cuda{first.get()}, dx.cspan());
+  other.pack(dropit::cuda_executor{first.get()}, dx.cspan());
   CHECK(same_bits<float>(out.to_host(second.get()), want));
   first.sync();
 }
@@ -68,9 +68,9 @@ TEST_CASE("cuda: ::cuda::stream_ref and managed memory are accepted" * DROPIT_DE
   std::copy(x.begin(), x.end(), managed);
   device_buffer<float> out(x.size());
   dropit::SparseCache<float, dropit::MinK<0.9>> cache;
-  cache.pack(dropit::cuda{::cuda::stream_ref{stream.get()}},
+  cache.pack(dropit::cuda_executor{::cuda::stream_ref{stream.get()}},
              std::span<const float>(managed, x.size()));
-  cache.restore(dropit::cuda{.stream = ::cuda::stream_ref{stream.get()}}, out.span());
+  cache.restore(dropit::cuda_executor{.stream = ::cuda::stream_ref{stream.get()}}, out.span());
   CHECK(same_bits<float>(out.to_host(stream.get()),
                          dense_from<float>(x, oracle_mink<float>(x, 1000))));
   check(cudaFree(managed));
@@ -78,7 +78,7 @@ TEST_CASE("cuda: ::cuda::stream_ref and managed memory are accepted" * DROPIT_DE
 
 TEST_CASE("cuda: host pointers are rejected with dropit::error before any work" * DROPIT_DEVICE) {
   test_stream stream;
-  const auto exec = dropit::cuda{stream.get()};
+  const auto exec = dropit::cuda_executor{stream.get()};
   const auto x = normal_values<float>(5000, 6);
   device_buffer<float> dx(x), out(x.size());
   dropit::SparseCache<float, dropit::MinK<0.9>> cache;
@@ -131,9 +131,9 @@ TEST_CASE("cuda: DROPIT_CUDA_TRY throws cuda_error with file, line, call and err
 TEST_CASE_TEMPLATE("cuda: fast and portable kernels write the same payload bytes" * DROPIT_DEVICE,
                    T, DROPIT_TEST_TYPES) {
   test_stream stream;
-  const auto fast = dropit::cuda{.stream = stream.get()};
+  const auto fast = dropit::cuda_executor{.stream = stream.get()};
   const auto portable =
-      dropit::cuda{.stream = stream.get(), .kernels = dropit::cuda_kernels::portable};
+      dropit::cuda_executor{.stream = stream.get(), .kernels = dropit::cuda_kernels::portable};
   for (std::size_t n : {std::size_t{1000}, (std::size_t{1} << 20) + 7, std::size_t{5} << 20}) {
     const auto x = normal_values<T>(n, 40 + n);
     for (double g : {0.1, 0.5, 0.9, 0.99}) {

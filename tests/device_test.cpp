@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 using namespace dropit_test;
 
@@ -270,12 +271,31 @@ TEST_CASE("device: zero-length tensors pack and restore; the cache is then not e
           DROPIT_DEVICE) {
   test_stream stream;
   dropit::SparseCache<float, dropit::MinK<0.9>> cache;
-  cache.pack(dropit::cuda{stream.get()}, std::span<const float>{});
+  cache.pack(dropit::cuda_executor{stream.get()}, std::span<const float>{});
   CHECK_FALSE(cache.empty());
   CHECK(cache.size() == 0);
   CHECK(cache.bytes() == 0);
   CHECK(cache.space() == dropit::memory_space::device);
-  CHECK_NOTHROW(cache.restore(dropit::cuda{stream.get()}, std::span<float>{}));
+  CHECK_NOTHROW(cache.restore(dropit::cuda_executor{stream.get()}, std::span<float>{}));
+}
+
+namespace names_check {
+// dropit declares no `cuda` of its own: with `using namespace dropit`, `cuda::stream_ref` is still
+// libcu++'s type (an alias or namespace named cuda in dropit would make this ambiguous), and it is
+// the type of the executor's stream.
+using namespace dropit;
+static_assert(std::is_same_v<decltype(cuda_executor::stream), cuda::stream_ref>);
+}  // namespace names_check
+
+TEST_CASE("device: the executor takes its stream as cuda::stream_ref, default stream 0" *
+          DROPIT_DEVICE) {
+  test_stream stream;
+  const dropit::cuda_executor defaulted{};
+  CHECK(defaulted.stream.get() == cudaStream_t{});
+  const dropit::cuda_executor raw{stream.get()};
+  const dropit::cuda_executor wrapped{.stream = cuda::stream_ref{stream.get()}};
+  CHECK(raw.stream == wrapped.stream);
+  CHECK(raw.stream.get() == stream.get());
 }
 
 // ---- byte identity with the host executor -----------------------------------------------------
@@ -464,20 +484,21 @@ TEST_CASE("device: the payload comes from the executor's resource and goes back 
   device_buffer<float> dx(x);
   {
     dropit::SparseCache<float, dropit::MinK<0.9>> cache;
-    cache.pack(dropit::cuda{.stream = stream.get(), .resource = &mr}, dx.cspan());
+    cache.pack(dropit::cuda_executor{.stream = stream.get(), .resource = &mr}, dx.cspan());
     // The temporaries came from mr too (no workspace given) and went back at the end of the call.
     CHECK(mr.live == cache.bytes());
     CHECK(mr.peak > cache.bytes());
-    cache.pack(dropit::cuda{.stream = stream.get(), .resource = &mr}, dx.cspan().first(1000));
+    cache.pack(dropit::cuda_executor{.stream = stream.get(), .resource = &mr},
+               dx.cspan().first(1000));
     CHECK(mr.live == cache.bytes());
     dropit::SparseCache<float, dropit::MinK<>> none{dropit::MinK<>{1.0}};
     const std::size_t calls = mr.calls;
-    none.pack(dropit::cuda{.stream = stream.get(), .resource = &mr}, dx.cspan());
+    none.pack(dropit::cuda_executor{.stream = stream.get(), .resource = &mr}, dx.cspan());
     CHECK(mr.calls == calls);  // k = 0: nothing allocated
     CHECK(none.space() == dropit::memory_space::device);
     cache.clear();
     CHECK(mr.live == 0);
-    cache.pack(dropit::cuda{.stream = stream.get(), .resource = &mr}, dx.cspan());
+    cache.pack(dropit::cuda_executor{.stream = stream.get(), .resource = &mr}, dx.cspan());
   }
   CHECK(mr.live == 0);
   stream.sync();
@@ -489,7 +510,8 @@ TEST_CASE("device: a workspace keeps the temporaries between calls" * DROPIT_DEV
   dropit::cuda_workspace ws(&temps);
   CHECK(ws.resource() == &temps);
   CHECK(ws.bytes() == 0);
-  const auto exec = dropit::cuda{.stream = stream.get(), .resource = &payloads, .workspace = &ws};
+  const auto exec =
+      dropit::cuda_executor{.stream = stream.get(), .resource = &payloads, .workspace = &ws};
   const auto x = normal_values<float>(3 * large, 9);
   device_buffer<float> dx(x), out(x.size());
   dropit::SparseCache<float, dropit::MinK<0.9>> cache;
@@ -517,14 +539,15 @@ TEST_CASE("device: a failing resource throws and leaves the cache as it was" * D
   const auto x = normal_values<float>(5000, 6);
   device_buffer<float> dx(x), out(x.size());
   dropit::SparseCache<float, dropit::MinK<0.9>> cache;
-  cache.pack(dropit::cuda{stream.get()}, dx.cspan());
+  cache.pack(dropit::cuda_executor{stream.get()}, dx.cspan());
   const auto before = bytes_to_host(cache.payload(), stream.get());
   mr.fail = true;
-  CHECK_THROWS_AS(cache.pack(dropit::cuda{.stream = stream.get(), .resource = &mr}, dx.cspan()),
-                  std::bad_alloc);
+  CHECK_THROWS_AS(
+      cache.pack(dropit::cuda_executor{.stream = stream.get(), .resource = &mr}, dx.cspan()),
+      std::bad_alloc);
   CHECK(cache.kept() == 500);
   CHECK(bytes_to_host(cache.payload(), stream.get()) == before);
-  cache.restore(dropit::cuda{stream.get()}, out.span());
+  cache.restore(dropit::cuda_executor{stream.get()}, out.span());
   CHECK(same_bits<float>(out.to_host(stream.get()),
                          dense_from<float>(x, oracle_mink<float>(x, 500))));
 }

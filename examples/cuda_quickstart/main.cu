@@ -29,10 +29,10 @@ int main() {
   // Forward: keep the 10% of x with the largest magnitude. The work is enqueued on `stream`; the
   // call returns at once (k is known up front, nothing is copied back to the host).
   dropit::SparseCache<float, dropit::MinK<0.9>> cache;
-  cache.pack(dropit::cuda{stream}, std::span<const float>(x, n));
+  cache.pack(dropit::cuda_executor{stream}, std::span<const float>(x, n));
 
   // Backward: rebuild the dense tensor on the same stream, zeros where elements were dropped.
-  cache.restore(dropit::cuda{stream}, std::span<float>(rebuilt, n));
+  cache.restore(dropit::cuda_executor{stream}, std::span<float>(rebuilt, n));
 
   std::vector<float> back(n);
   cudaMemcpyAsync(back.data(), rebuilt, n * sizeof(float), cudaMemcpyDeviceToHost, stream);
@@ -46,7 +46,8 @@ int main() {
               cache.space() == dropit::memory_space::device ? "device" : "host");
 
   try {
-    cache.pack(dropit::cuda{stream}, std::span<const float>(host));  // host memory: rejected
+    // host memory: rejected
+    cache.pack(dropit::cuda_executor{stream}, std::span<const float>(host));
   } catch (const dropit::error& e) {
     std::printf("%s\n", e.what());
   }

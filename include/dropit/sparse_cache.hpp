@@ -17,7 +17,7 @@ namespace dropit {
 
 /**
  * @brief An executor that can pack element type T with policy P: `dropit::host` (exec/host.hpp),
- * `dropit::cuda` (exec/cuda.cuh).
+ * `dropit::cuda_executor` (exec/cuda.cuh).
  *
  * It states where its payloads live (`E::space`), packs into a new payload and restores from one.
  */
@@ -76,7 +76,7 @@ class SparseCache {
    *
    * On the host executor the call returns when the payload is complete; on the CUDA executor it
    * is stream-ordered (see exec/cuda.cuh).
-   * @param exec `dropit::host`, a configured `host_executor`, or `dropit::cuda{stream}`
+   * @param exec `dropit::host`, a configured `host_executor`, or `dropit::cuda_executor{stream}`
    * @param x the dense tensor, in the executor's memory space
    * @throw dropit::error if x has a null data pointer and a non-zero size, if the policy keeps
    * more than x.size() elements, or what the executor throws (allocation, CUDA errors); the cache

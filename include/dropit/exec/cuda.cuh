@@ -1,14 +1,16 @@
 /**
  * @file cuda.cuh
- * @brief `dropit::cuda`: the executor that packs and restores device memory on a CUDA stream.
+ * @brief `dropit::cuda_executor`: the executor that packs and restores device memory on a CUDA
+ * stream.
  *
  * Compile with nvcc; or, to run the same executor on the CPU ("emulated device": device memory
  * is host memory, Thrust's OpenMP system runs the algorithms, streams are ignored), with any C++20
  * compiler and `-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -fopenmp`. Not included by
  * `<dropit/dropit.hpp>`.
  *
- * Inside `namespace dropit`, `cuda` names this executor and hides libcu++'s `::cuda` namespace:
- * write `::cuda::stream_ref` there.
+ * Streams are libcu++'s `cuda::stream_ref` (made from a `cudaStream_t`; default: stream 0), in
+ * the emulated build too, where the handle is carried but no CUDA call is made. The executor's
+ * name does not shadow libcu++'s `::cuda` namespace in code that says `using namespace dropit`.
  */
 #pragma once
 
@@ -16,6 +18,8 @@
 #include <dropit/exec/cuda_memory.cuh>
 #include <dropit/format.hpp>
 #include <dropit/policy.hpp>
+
+#include <cuda/stream_ref>
 
 #include <cstdint>
 
@@ -32,8 +36,8 @@ enum class cuda_kernels : std::uint8_t {
  *
  * @code
  * dropit::SparseCache<float, dropit::MinK<0.9>> cache;
- * cache.pack(dropit::cuda{stream}, x);      // x: std::span<const float> of device memory
- * cache.restore(dropit::cuda{stream}, out); // out: std::span<float> of device memory
+ * cache.pack(dropit::cuda_executor{stream}, x);      // x: std::span<const float>, device memory
+ * cache.restore(dropit::cuda_executor{stream}, out); // out: std::span<float>, device memory
  * @endcode
  *
  * **Stream order.** `pack` and `restore` enqueue their work on `stream` and return without
@@ -58,13 +62,13 @@ enum class cuda_kernels : std::uint8_t {
  * keeps its previous content. Inputs of 2^32 or more elements are rejected with `dropit::error`.
  *
  * Configure with designated initialisers:
- * `dropit::cuda{.stream = s, .resource = &mr, .workspace = &ws}`.
+ * `dropit::cuda_executor{.stream = s, .resource = &mr, .workspace = &ws}`.
  */
 struct cuda_executor {
   /// @brief Where payloads of this executor live.
   static constexpr memory_space space = memory_space::device;
 
-  cuda_stream_ref stream{};  ///< every call's work goes on this stream
+  ::cuda::stream_ref stream{};  ///< every call's work goes on this stream
   device_memory_resource* resource =
       nullptr;                                ///< payload memory; null: `default_device_resource()`
   cuda_workspace* workspace = nullptr;        ///< temporaries; null: see the class description
@@ -91,9 +95,6 @@ struct cuda_executor {
   void restore(const detail::payload& payload, const packed_layout& layout, T* out,
                double scale) const;
 };
-
-/// @brief The CUDA executor: `dropit::cuda{stream}` (a `cudaStream_t` or `::cuda::stream_ref`).
-using cuda = cuda_executor;
 
 }  // namespace dropit
 

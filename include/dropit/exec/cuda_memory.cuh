@@ -2,7 +2,7 @@
  * @file cuda_memory.cuh
  * @brief Where the CUDA executor's memory comes from: a stream-ordered `device_memory_resource`
  * for payloads (cudaMallocAsync by default, or a framework's caching allocator), a
- * `cuda_workspace` that keeps temporaries between calls, and `cuda_stream_ref`.
+ * `cuda_workspace` that keeps temporaries between calls.
  *
  * Included by `<dropit/exec/cuda.cuh>`; see that header for the executor.
  */
@@ -10,38 +10,10 @@
 
 #include <dropit/detail/cuda/config.hpp>
 
-#include <concepts>
 #include <cstddef>
 #include <vector>
 
 namespace dropit {
-
-/**
- * @brief A non-owning CUDA stream handle, made from a `cudaStream_t` or from anything whose
- * `get()` returns one, such as `::cuda::stream_ref`. The default is the default stream (null).
- */
-class cuda_stream_ref {
- public:
-  /// @brief The default stream.
-  constexpr cuda_stream_ref() noexcept = default;
-  /// @brief A raw stream.
-  constexpr cuda_stream_ref(cudaStream_t stream) noexcept : stream_(stream) {}
-  /// @brief A stream wrapper with `get()`, e.g. `::cuda::stream_ref`.
-  template <class S>
-  requires requires(const S& s) {
-    { s.get() } -> std::convertible_to<cudaStream_t>;
-  }
-  constexpr cuda_stream_ref(const S& stream) noexcept(noexcept(stream.get()))
-      : stream_(stream.get()) {}
-
-  /// @brief The raw stream.
-  [[nodiscard]] constexpr cudaStream_t get() const noexcept { return stream_; }
-  /// @brief Same stream.
-  friend constexpr bool operator==(cuda_stream_ref, cuda_stream_ref) noexcept = default;
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
 
 /**
  * @brief A stream-ordered allocator of device memory: the interface a framework's caching
