@@ -16,6 +16,9 @@
  * source) and every edge out of it goes to one vertex (its exit: a checkpoint or the target), so it
  * can be recomputed from one stored tensor. A checkpoint set that leaves a group with two entries
  * or two exits is not a plan. Everything lives in namespace `dropit::checkpoint`.
+ *
+ * The umbrella header of the `checkpoint` component (CMake target `dropit::checkpoint`, which
+ * brings nlohmann::json for reading graphs); `<dropit/dropit.hpp>` does not include it.
  */
 #pragma once
 
@@ -196,7 +199,8 @@ struct plan {
  * vertex); a cost is a finite non-negative number of bytes, rounded up to a whole byte (`0.5`
  * costs 1, `1e3` 1000; an integer literal is read exactly, one with a fraction or an exponent as
  * a double), at most 2^63 - 1 in total; other keys are ignored, except that an edge "cost" must
- * be 0 (memory belongs to vertices). The reader is strict JSON (RFC 8259: no NaN or Infinity).
+ * be 0 (memory belongs to vertices). The reader is nlohmann::json's strict parser (RFC 8259: no
+ * NaN or Infinity, no comments, no trailing commas) plus duplicate keys and a depth limit of 512.
  * @param origin the name used in error messages, e.g. the file name
  * @return a validated graph
  * @throw dropit::error "origin:line:column: message" for a syntax error or a bad value (naming the

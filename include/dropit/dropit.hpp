@@ -1,15 +1,15 @@
 /**
  * @file dropit.hpp
- * @brief Everything of dropit that needs only the C++ standard library (and, for the
- * half-precision element types, the CUDA toolkit's headers): policies, the packed format,
- * `SparseCache`, the host executor and the checkpoint planner.
+ * @brief The core of dropit (CMake target `dropit::dropit`): policies, the packed format,
+ * `SparseCache` and the host executor. It needs only the C++ standard library (and, for the
+ * half-precision element types, the CUDA toolkit's headers).
  *
- * The CUDA executor (`<dropit/exec/cuda.cuh>`) and the LibTorch adapter (`<dropit/torch.hpp>`) are
- * included separately.
+ * The other components have umbrella headers and targets of their own: the checkpoint planner
+ * (`<dropit/checkpoint.hpp>`, `dropit::checkpoint`), the CUDA executor (`<dropit/exec/cuda.cuh>`,
+ * `dropit::cuda`) and the LibTorch adapter (`<dropit/torch.hpp>`, `dropit::torch`).
  */
 #pragma once
 
-#include <dropit/checkpoint.hpp>
 #include <dropit/error.hpp>
 #include <dropit/exec/host.hpp>
 #include <dropit/format.hpp>

@@ -1,11 +1,16 @@
 /**
  * @file steps.hpp
- * @brief The data-parallel steps of pack and restore, written once as plain functions that compile
- * for host and device: the key, the radix-select state, mark + compact, and expand.
+ * @brief Step bodies of pack and restore as plain functions that compile for host and device: the
+ * selection rule (`threshold`), the radix-select state, per-word and per-block mark + compact, and
+ * expand.
  *
- * Executors (host cores, a CUDA stream, Thrust's OpenMP system) only decide who runs which word
- * or block; the bytes they produce come from these bodies, so every executor's payload is
- * byte-identical for the same input and policy.
+ * What is shared today, and what is not: both executors take the selection rule, the radix
+ * state and digit width, `restore_value` and `expand_index_range` from here. The block
+ * compaction and expansion bodies are used by the CUDA executor's portable path; the host
+ * executor uses the per-word bodies inside its own SIMD classify/compact (`detail/host/`), and the
+ * CUDA executor's fast path has its own kernels (`detail/cuda/kernels.cuh`). The three selections
+ * are separate implementations of one rule, held to the same bytes by tests (host vs emulated
+ * device, byte for byte).
  */
 #pragma once
 

@@ -1,12 +1,15 @@
 /**
  * @file json.hpp
- * @brief A small strict JSON reader (RFC 8259: no comments, no trailing commas, no NaN, no
- * duplicate keys) that remembers where each value starts, the graph loader on top of it, and the
- * plan writer. Errors inside a value name its path (`vertices[3].cost`) after line and column.
+ * @brief The graph loader on nlohmann::json's strict SAX parser (RFC 8259: no comments, no
+ * trailing commas, no NaN; this layer adds: no duplicate keys, a depth limit, where each value
+ * starts), and the plan writer. Errors name the line and column, then the path of the value
+ * (`vertices[3].cost`).
  */
 #pragma once
 
 #include <dropit/error.hpp>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -14,11 +17,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <tuple>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -68,298 +73,227 @@ template <class... Args>
   dropit::detail::throw_error(origin, ':', line, ':', column, ": ", std::forward<Args>(args)...);
 }
 
-class reader {
+/// Where a document's bytes are: line and column (1-based, in bytes) of an offset.
+class text_position {
  public:
-  reader(std::string_view text, std::string_view origin) : s_(text), origin_(origin) {}
-
-  /// The whole document: one value, surrounded by whitespace only.
-  [[nodiscard]] value document() {
-    skip_space();
-    value v = parse(0);
-    skip_space();
-    if (i_ < s_.size()) fail("unexpected ", describe(), " after the JSON value");
-    return v;
+  explicit text_position(std::string_view text) {
+    for (std::size_t i = 0; i < text.size(); ++i)
+      if (text[i] == '\n') line_starts_.push_back(i + 1);
+  }
+  /// (line, column) of byte `offset`.
+  [[nodiscard]] std::pair<std::size_t, std::size_t> at(std::size_t offset) const {
+    const auto it = std::upper_bound(line_starts_.begin(), line_starts_.end(), offset);
+    const std::size_t line = static_cast<std::size_t>(it - line_starts_.begin());
+    return {line, offset - line_starts_[line - 1] + 1};
   }
 
  private:
+  std::vector<std::size_t> line_starts_{0};
+};
+
+/// A `const char*` that publishes how far nlohmann's lexer has read, so that the SAX handler
+/// knows where each value ends (the lexer reads one character at a time, and after a number
+/// one character past it).
+struct counting_iterator {
+  using iterator_category = std::forward_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
+
+  const char* p = nullptr;
+  const char** read_to = nullptr;  ///< the position after the last character read
+
+  reference operator*() const noexcept { return *p; }
+  counting_iterator& operator++() noexcept {
+    *read_to = ++p;
+    return *this;
+  }
+  counting_iterator operator++(int) noexcept {
+    counting_iterator old = *this;
+    ++*this;
+    return old;
+  }
+  friend bool operator==(const counting_iterator& a, const counting_iterator& b) noexcept {
+    return a.p == b.p;
+  }
+};
+
+/**
+ * Builds the `value` tree from nlohmann::json's SAX events. nlohmann checks the grammar (RFC 8259,
+ * strict: no comments, no trailing commas, no NaN) and decodes strings; this handler adds where
+ * each value starts, the path of the value being read for error messages, duplicate keys and a
+ * depth limit, and keeps number literals as written (costs are read exactly from the literal).
+ */
+class tree_builder {
+ public:
+  using json = nlohmann::json;
   static constexpr std::size_t max_depth = 512;
 
+  tree_builder(std::string_view text, std::string_view origin, const char** read_to)
+      : text_(text), origin_(origin), read_to_(read_to), where_(text) {}
+
+  [[nodiscard]] value take() { return std::move(root_); }
+
+  bool null() { return scalar(kind::null, start_of_word()); }
+  bool boolean(bool b) {
+    value& v = add(kind::boolean, start_of_word());
+    v.boolean = b;
+    return done();
+  }
+  bool number_integer(json::number_integer_t) { return number(); }
+  bool number_unsigned(json::number_unsigned_t) { return number(); }
+  bool number_float(json::number_float_t, const std::string&) { return number(); }
+  bool string(std::string& s) {
+    value& v = add(kind::string, start_of_string());
+    v.text = std::move(s);
+    return done();
+  }
+  bool binary(json::binary_t&) { return false; }  // never produced by the JSON lexer
+  bool start_object(std::size_t) { return open(kind::object); }
+  bool start_array(std::size_t) { return open(kind::array); }
+  bool key(std::string& k) {
+    frame& f = stack_.back();
+    if (!f.seen.insert(k).second) fail_at_offset(start_of_string(), "duplicate key \"", k, '"');
+    f.node->keys.push_back(std::move(k));
+    return true;
+  }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) {
+    // nlohmann's message is "[json.exception.<id>] what" or "[json.exception.<id>] parse error at
+    // line L, column C: what"; the line and column are ours (in bytes), so only `what` is kept.
+    std::string_view what = e.what();
+    if (const auto id_end = what.find("] ");
+        what.starts_with("[json.exception.") && id_end != what.npos)
+      what.remove_prefix(id_end + 2);
+    if (const auto at = what.find(": ");
+        what.starts_with("parse error at line ") && at != what.npos)
+      what.remove_prefix(at + 2);
+    // A number too large for a double (406) is reported where its literal starts.
+    const std::size_t at = e.id == 406 ? number_span().first : position == 0 ? 0 : position - 1;
+    fail_value(std::min(at, text_.size()), what);
+  }
+
+ private:
+  struct frame {
+    value* node;
+    std::unordered_set<std::string> seen;  // object keys: a linear check would be quadratic
+  };
+
   template <class... Args>
-  [[noreturn]] void fail(Args&&... args) const {
-    fail_at(origin_, line_, column(), std::forward<Args>(args)...);
+  [[noreturn]] void fail_at_offset(std::size_t offset, Args&&... args) const {
+    const auto [line, column] = where_.at(offset);
+    fail_at(origin_, line, column, std::forward<Args>(args)...);
   }
-  /// As fail, for a malformed value: the message also names the value's path, if it has one.
+  /// As fail_at_offset, naming the path of the value being read first, if it has one.
   template <class... Args>
-  [[noreturn]] void fail_value(Args&&... args) const {
-    if (path_.empty()) fail(std::forward<Args>(args)...);
-    fail(path_, ": ", std::forward<Args>(args)...);
+  [[noreturn]] void fail_value(std::size_t offset, Args&&... args) const {
+    const std::string path = path_of_open_value();
+    if (path.empty()) fail_at_offset(offset, std::forward<Args>(args)...);
+    fail_at_offset(offset, path, ": ", std::forward<Args>(args)...);
   }
-  [[nodiscard]] std::size_t column() const noexcept { return i_ - line_start_ + 1; }
-  [[nodiscard]] std::string describe() const {
-    if (i_ >= s_.size()) return "end of input";
-    const unsigned char c = static_cast<unsigned char>(s_[i_]);
-    if (c >= 0x20 && c < 0x7f) return dropit::detail::concat("character '", s_[i_], "'");
-    return dropit::detail::concat("byte 0x", "0123456789abcdef"[c >> 4],
-                                  "0123456789abcdef"[c & 15]);
+  [[nodiscard]] std::size_t read() const noexcept {
+    return static_cast<std::size_t>(*read_to_ - text_.data());
   }
-  void skip_space() noexcept {
-    while (i_ < s_.size()) {
-      const char c = s_[i_];
-      if (c == '\n') {
-        ++i_;
-        ++line_;
-        line_start_ = i_;
-      } else if (c == ' ' || c == '\t' || c == '\r') {
-        ++i_;
-      } else {
-        break;
+  static bool number_char(char c) noexcept {
+    return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
+  }
+  /// Start of the string token that ends (closing quote) just before read(): the nearest earlier
+  /// quote not escaped by an odd run of backslashes.
+  [[nodiscard]] std::size_t start_of_string() const noexcept {
+    std::size_t q = read() - 1;
+    while (q > 0) {
+      --q;
+      if (text_[q] != '"') continue;
+      std::size_t slashes = 0;
+      while (q > slashes && text_[q - 1 - slashes] == '\\')
+        ++slashes;
+      if (slashes % 2 == 0) return q;
+    }
+    return q;
+  }
+  /// Start of the literal true/false/null that ends at read().
+  [[nodiscard]] std::size_t start_of_word() const noexcept {
+    std::size_t b = read();
+    while (b > 0 && text_[b - 1] >= 'a' && text_[b - 1] <= 'z')
+      --b;
+    return b;
+  }
+  /// [begin, end) of the number literal just read: the lexer has read one character past it
+  /// unless it ends the input.
+  [[nodiscard]] std::pair<std::size_t, std::size_t> number_span() const noexcept {
+    std::size_t end = read();
+    if (end > 0 && !number_char(text_[end - 1])) --end;
+    std::size_t begin = end;
+    while (begin > 0 && number_char(text_[begin - 1]))
+      --begin;
+    return {begin, end};
+  }
+  bool number() {
+    const auto [begin, end] = number_span();
+    add(kind::number, begin).text.assign(text_.substr(begin, end - begin));
+    return done();
+  }
+  bool scalar(kind k, std::size_t start) {
+    add(k, start);
+    return done();
+  }
+  /// A new value starting at `offset`: the document, or the next item of the open container.
+  value& add(kind k, std::size_t offset) {
+    value* v = &root_;
+    if (!stack_.empty()) v = &stack_.back().node->items.emplace_back();
+    v->type = k;
+    std::tie(v->line, v->column) = where_.at(offset);
+    return *v;
+  }
+  bool open(kind k) {
+    if (stack_.size() >= max_depth)
+      fail_at_offset(read() - 1, "values nested deeper than ", max_depth);
+    stack_.push_back({&add(k, read() - 1), {}});
+    return true;
+  }
+  bool close() {
+    stack_.pop_back();
+    return done();
+  }
+  static bool done() { return true; }
+  /// The path of the value being read, `vertices[3].cost`. A container's open child is already
+  /// its last item (`add` puts it there when it opens); in the innermost container, the value
+  /// being read is its next item, or the value of its last key if that has none yet.
+  [[nodiscard]] std::string path_of_open_value() const {
+    std::string path;
+    for (const frame& f : stack_) {
+      const value& v = *f.node;
+      const bool innermost = &f == &stack_.back();
+      if (v.type == kind::array) {
+        path += dropit::detail::concat('[', v.items.size() - (innermost ? 0 : 1), ']');
+      } else if (!innermost || v.keys.size() > v.items.size()) {
+        if (!path.empty()) path += '.';
+        path += v.keys.back();
       }
     }
-  }
-  void expect(char c, const char* what) {
-    if (i_ >= s_.size() || s_[i_] != c) fail("expected ", what, ", got ", describe());
-    ++i_;
+    return path;
   }
 
-  value parse(std::size_t depth) {
-    if (depth > max_depth) fail("values nested deeper than ", max_depth);
-    value v;
-    v.line = line_;
-    v.column = column();
-    if (i_ >= s_.size()) fail_value("expected a value, got end of input");
-    const char c = s_[i_];
-    if (c == '{') {
-      v.type = kind::object;
-      ++i_;
-      skip_space();
-      if (i_ < s_.size() && s_[i_] == '}') {
-        ++i_;
-        return v;
-      }
-      std::unordered_set<std::string> seen;  // a linear check per key is quadratic in the keys
-      for (;;) {
-        skip_space();
-        if (i_ >= s_.size() || s_[i_] != '"') fail("expected a string key, got ", describe());
-        const std::size_t kline = line_, kcol = column();
-        std::string key = string_body();
-        if (!seen.insert(key).second) fail_at(origin_, kline, kcol, "duplicate key \"", key, '"');
-        skip_space();
-        expect(':', "':' after the key");
-        skip_space();
-        const std::size_t mark = path_.size();
-        if (!path_.empty()) path_ += '.';
-        path_ += key;
-        value item = parse(depth + 1);
-        path_.resize(mark);
-        v.keys.push_back(std::move(key));
-        v.items.push_back(std::move(item));
-        skip_space();
-        if (i_ < s_.size() && s_[i_] == ',') {
-          ++i_;
-          continue;
-        }
-        expect('}', "',' or '}' in the object");
-        return v;
-      }
-    }
-    if (c == '[') {
-      v.type = kind::array;
-      ++i_;
-      skip_space();
-      if (i_ < s_.size() && s_[i_] == ']') {
-        ++i_;
-        return v;
-      }
-      for (;;) {
-        skip_space();
-        const std::size_t mark = path_.size();
-        path_ += dropit::detail::concat('[', v.items.size(), ']');
-        v.items.push_back(parse(depth + 1));
-        path_.resize(mark);
-        skip_space();
-        if (i_ < s_.size() && s_[i_] == ',') {
-          ++i_;
-          continue;
-        }
-        expect(']', "',' or ']' in the array");
-        return v;
-      }
-    }
-    if (c == '"') {
-      v.type = kind::string;
-      v.text = string_body();
-      return v;
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) {
-      v.type = kind::number;
-      v.text = number();
-      return v;
-    }
-    for (auto [word, k, b] :
-         {std::tuple{"true", kind::boolean, true}, std::tuple{"false", kind::boolean, false},
-          std::tuple{"null", kind::null, false}}) {
-      const std::string_view w(word);
-      if (s_.substr(i_, w.size()) == w) {
-        i_ += w.size();
-        v.type = k;
-        v.boolean = b;
-        return v;
-      }
-    }
-    not_a_number_literal();
-    fail_value("expected a value, got ", describe());
-  }
-
-  /// Rejects what some writers emit for non-finite floats (Python's json: NaN, Infinity).
-  void not_a_number_literal() const {
-    for (std::string_view w : {"NaN", "Infinity", "-Infinity", "nan", "-nan", "inf", "-inf"}) {
-      if (s_.substr(i_, w.size()) == w)
-        fail_value("expected a finite number, got ", w, " (not a JSON number)");
-    }
-  }
-
-  std::string number() {
-    const std::size_t start = i_;
-    auto digits = [&] {
-      const std::size_t from = i_;
-      while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9')
-        ++i_;
-      return i_ - from;
-    };
-    if (s_[i_] == '-') {
-      not_a_number_literal();
-      ++i_;
-    }
-    if (i_ < s_.size() && s_[i_] == '0') {
-      ++i_;
-      if (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9')
-        fail_value("leading zeros are not allowed");
-    } else if (digits() == 0) {
-      fail_value("expected a digit, got ", describe());
-    }
-    if (i_ < s_.size() && s_[i_] == '.') {
-      ++i_;
-      if (digits() == 0) fail_value("expected a digit after '.', got ", describe());
-    }
-    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
-      ++i_;
-      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
-      if (digits() == 0) fail_value("expected a digit in the exponent, got ", describe());
-    }
-    return std::string(s_.substr(start, i_ - start));
-  }
-
-  unsigned hex4() {
-    unsigned u = 0;
-    for (int k = 0; k < 4; ++k, ++i_) {
-      if (i_ >= s_.size()) fail("unterminated \\u escape");
-      const char c = s_[i_];
-      u <<= 4;
-      if (c >= '0' && c <= '9')
-        u |= static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        u |= static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F')
-        u |= static_cast<unsigned>(c - 'A' + 10);
-      else
-        fail("expected a hex digit in the \\u escape, got ", describe());
-    }
-    return u;
-  }
-
-  static void append_utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-
-  /// A string starting at the opening quote; returns the decoded text.
-  std::string string_body() {
-    ++i_;  // '"'
-    std::string out;
-    for (;;) {
-      if (i_ >= s_.size()) fail("unterminated string");
-      const char c = s_[i_];
-      if (c == '"') {
-        ++i_;
-        return out;
-      }
-      if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string (escape it)");
-      if (c != '\\') {
-        out += c;
-        ++i_;
-        continue;
-      }
-      const std::size_t escape_column = column();
-      ++i_;
-      if (i_ >= s_.size()) fail("unterminated string");
-      const char e = s_[i_];
-      auto fail_escape = [&](const char* what) { fail_at(origin_, line_, escape_column, what); };
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          ++i_;
-          unsigned cp = hex4();
-          if (cp >= 0xDC00 && cp <= 0xDFFF) fail_escape("unpaired low surrogate in a \\u escape");
-          if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (s_.substr(i_, 2) != "\\u")
-              fail_escape("high surrogate not followed by a \\u escape");
-            i_ += 2;
-            const unsigned lo = hex4();
-            if (lo < 0xDC00 || lo > 0xDFFF)
-              fail_escape("high surrogate not followed by a low surrogate");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          }
-          append_utf8(out, cp);
-          continue;
-        }
-        default:
-          fail_at(origin_, line_, escape_column, "invalid escape '\\", e, "' in a string");
-      }
-      ++i_;
-    }
-  }
-
-  std::string_view s_;
+  std::string_view text_;
   std::string_view origin_;
-  std::size_t i_ = 0, line_ = 1, line_start_ = 0;
-  std::string path_;  // of the value being read: `vertices[3].cost`; empty at the top
+  const char** read_to_;
+  text_position where_;
+  value root_;
+  std::vector<frame> stack_;
 };
+
+/// Parses a whole JSON document (one value, surrounded by whitespace) into a `value` tree.
+[[nodiscard]] inline value read_document(std::string_view text, std::string_view origin) {
+  const char* read_to = text.data();
+  tree_builder builder(text, origin, &read_to);
+  const counting_iterator first{text.data(), &read_to};
+  const counting_iterator last{text.data() + text.size(), &read_to};
+  nlohmann::json::sax_parse(first, last, &builder, nlohmann::json::input_format_t::json,
+                            /*strict=*/true, /*ignore_comments=*/false);
+  return builder.take();
+}
 
 /// For a valid JSON number literal that a double cannot hold (from_chars' result_out_of_range):
 /// whether its magnitude is below 1 (an underflow such as 1e-400) rather than above DBL_MAX.
@@ -575,8 +509,7 @@ inline void write_double(std::string& out, double x) {
 namespace dropit::checkpoint {
 
 inline graph parse_graph_json(std::string_view text, std::string_view origin) {
-  detail::json::reader r(text, origin);
-  const detail::json::value doc = r.document();
+  const detail::json::value doc = detail::json::read_document(text, origin);
   return detail::json::graph_loader(origin).load(doc);
 }
 
