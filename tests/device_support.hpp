@@ -5,6 +5,7 @@
 
 #include <dropit/exec/cuda.cuh>
 
+#include "executors.hpp"
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
@@ -131,11 +132,23 @@ struct portable_kernels {
   static constexpr dropit::cuda_kernels kernels = dropit::cuda_kernels::portable;
 };
 
-/// A case's element type and kernel set.
+/// A case's element type and kernel set, as a configuration of the shared cases (executors.hpp).
 template <class T, class K>
 struct on {
   using type = T;
+  template <class U>
+  using buffer = device_buffer<U>;
+  static constexpr dropit::memory_space space = dropit::memory_space::device;
   static dropit::cuda_executor exec(cudaStream_t s) { return {.stream = s, .kernels = K::kernels}; }
+  /// A case's own stream.
+  struct session {
+    test_stream stream;
+    [[nodiscard]] dropit::cuda_executor exec() const { return on::exec(stream.get()); }
+    template <class U>
+    [[nodiscard]] std::vector<U> to_host(const device_buffer<U>& b) const {
+      return b.to_host(stream.get());
+    }
+  };
   static std::string name() {
     return type_name<T>() + (K::kernels == dropit::cuda_kernels::fast ? "/fast" : "/portable");
   }

@@ -1,8 +1,13 @@
-// The device suite: the host executor's oracle cases, run on the CUDA executor (on the emulated
-// device with g++ and Thrust's OpenMP system; on a GPU with nvcc, there with the fast and the
-// portable kernels), plus what is the device's own: byte identity with the host executor, every
-// way the selection resolves, memory resources and workspaces, streams, and errors.
+// The device suite: the cases every executor shares (executor_cases.inl), run on the CUDA executor
+// (on the emulated device with g++ and Thrust's OpenMP system; on a GPU with nvcc, there with the
+// fast and the portable kernels), plus what is the device's own: byte identity with the host
+// executor, every way the selection resolves, memory resources and workspaces, streams, errors.
 #include "device_support.hpp"
+
+// The cases every executor shares, on the device.
+#define DROPIT_EXECUTOR_CASES DROPIT_DEVICE_CASES
+#define DROPIT_EXECUTOR_DECORATOR DROPIT_DEVICE
+#include "executor_cases.inl"
 
 #include <array>
 #include <atomic>
@@ -19,38 +24,19 @@ using namespace dropit_test;
 
 namespace {
 
-// Sanitizer builds (Debug, ASan + UBSan) run the large sizes smaller, still above the sample size
-// (2^16), so that every path of the selection runs there too.
+// Sanitizer builds run the selection cases smaller, still above the sample size (2^16), so that
+// every path of the selection runs there too.
 #if defined(DROPIT_TEST_SANITIZED)
-constexpr std::size_t large = (std::size_t{1} << 17) + 7;
 constexpr std::size_t selection_n = (std::size_t{1} << 16) + 123;
 const double selection_gammas[] = {0.5, 0.99};
 #else
-constexpr std::size_t large = (std::size_t{1} << 20) + 7;
 constexpr std::size_t selection_n = (std::size_t{1} << 17) + 123;
 const double selection_gammas[] = {0.1, 0.5, 0.9, 0.99};
 #endif
-const std::size_t sizes[] = {0, 1, 2, 31, 32, 33, 63, 64, 65, 1000, large};
-const double gammas[] = {0.0, 0.1, 0.5, 0.9, 0.99, 1.0};
-
-/// Packs x on the device with policy p, checks the cache's numbers, and returns the restored
-/// tensor (copied to the host).
-template <class C, class P, class T = typename C::type>
-std::vector<T> pack_restore(const P& p, const std::vector<T>& x, std::size_t expect_k) {
-  test_stream stream;
-  device_buffer<T> dx(x);
-  dropit::SparseCache<T, P> cache{p};
-  cache.pack(C::exec(stream.get()), dx.cspan());
-  CHECK_FALSE(cache.empty());
-  CHECK(cache.size() == x.size());
-  CHECK(cache.kept() == expect_k);
-  CHECK(cache.bytes() == described_bytes(x.size(), expect_k, sizeof(T)));
-  CHECK(cache.space() == dropit::memory_space::device);
-  // Garbage in the output: restore must write every element.
-  device_buffer<T> out(std::vector<T>(x.size(), from_double<T>(-123.0)));
-  cache.restore(C::exec(stream.get()), out.span());
-  return out.to_host(stream.get());
-}
+using dropit_test::executor_cases::gammas;
+using dropit_test::executor_cases::large;
+using dropit_test::executor_cases::pack_restore;
+using dropit_test::executor_cases::sizes;
 
 /// The payload of a host pack.
 template <class T, class P>
@@ -70,214 +56,9 @@ std::vector<std::byte> device_payload(const P& p, const std::vector<T>& x,
   return bytes_to_host(cache.payload(), exec.stream.get());
 }
 
-/// Indices where a restored tensor is non-zero (inputs must be non-zero everywhere).
-template <class T>
-std::vector<std::size_t> nonzero_positions(const std::vector<T>& v) {
-  std::vector<std::size_t> idx;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (to_double(v[i]) != 0.0) idx.push_back(i);
-  }
-  return idx;
-}
-
-/// Special inputs (the host suite's): ties, all equal, zeros, negatives, denormals, Inf, NaN.
-template <class T>
-std::map<std::string, std::function<T(std::size_t)>> special_inputs() {
-  const double inf = std::numeric_limits<double>::infinity();
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  return {
-      {"ties", [](std::size_t i) { return from_double<T>(static_cast<double>(i * 7 % 5) - 2.0); }},
-      {"all equal", [](std::size_t) { return from_double<T>(1.5); }},
-      {"all zero", [](std::size_t) { return from_double<T>(0.0); }},
-      {"signed zeros", [](std::size_t i) { return from_double<T>(i % 3 ? -0.0 : 0.0); }},
-      {"negatives",
-       [](std::size_t i) { return from_double<T>(-1.0 - static_cast<double>(i % 97)); }},
-      {"denormals",
-       [](std::size_t i) {
-         return i % 4 == 0 ? from_bits<T>(1 + i % 3)
-                           : (i % 4 == 1 ? from_double<T>(0.0) : from_bits<T>(1));
-       }},
-      {"inf and nan",
-       [=](std::size_t i) {
-         switch (i % 11) {
-           case 0:
-             return from_double<T>(inf);
-           case 3:
-             return from_double<T>(-inf);
-           case 5:
-             return from_double<T>(nan);
-           case 7:
-             return from_double<T>(-nan);
-           default:
-             return from_double<T>(static_cast<double>(i % 13) - 6.0);
-         }
-       }},
-  };
-}
-
 }  // namespace
 
-// ---- the host suite's oracle cases, on the device ---------------------------------------------
-
-TEST_CASE_TEMPLATE("device: MinK agrees with the brute-force oracle for every size and gamma" *
-                       DROPIT_DEVICE,
-                   C, DROPIT_DEVICE_CASES) {
-  using T = typename C::type;
-  INFO(C::name());
-  for (std::size_t n : sizes) {
-    const auto x = normal_values<T>(n, 1000 + n);
-    for (double g : gammas) {
-      CAPTURE(n);
-      CAPTURE(g);
-      const std::size_t k = expected_k(n, g);
-      const auto got = pack_restore<C>(dropit::MinK<>{g}, x, k);
-      CHECK(same_bits<T>(got, dense_from<T>(x, oracle_mink<T>(x, k))));
-    }
-  }
-}
-
-TEST_CASE_TEMPLATE("device: MinK on special inputs" * DROPIT_DEVICE, C, DROPIT_DEVICE_CASES) {
-  using T = typename C::type;
-  INFO(C::name());
-  for (const auto& [name, make] : special_inputs<T>()) {
-    for (std::size_t n : {std::size_t{1}, std::size_t{33}, std::size_t{1000}, large / 2}) {
-      std::vector<T> x(n);
-      for (std::size_t i = 0; i < n; ++i)
-        x[i] = make(i);
-      for (double g : gammas) {
-        CAPTURE(name);
-        CAPTURE(n);
-        CAPTURE(g);
-        const std::size_t k = expected_k(n, g);
-        const auto got = pack_restore<C>(dropit::MinK<>{g}, x, k);
-        CHECK(same_bits<T>(got, dense_from<T>(x, oracle_mink<T>(x, k))));
-      }
-    }
-  }
-}
-
-TEST_CASE_TEMPLATE("device: k = 0 stores nothing (still in device memory); k = n stores a copy" *
-                       DROPIT_DEVICE,
-                   C, DROPIT_DEVICE_CASES) {
-  using T = typename C::type;
-  INFO(C::name());
-  test_stream stream;
-  const auto x = normal_values<T>(5000, 5);
-  device_buffer<T> dx(x);
-  dropit::SparseCache<T, dropit::MinK<>> none{dropit::MinK<>{1.0}};
-  none.pack(C::exec(stream.get()), dx.cspan());
-  CHECK(none.kept() == 0);
-  CHECK(none.bytes() == 0);
-  CHECK(none.space() == dropit::memory_space::device);
-  device_buffer<T> out(std::vector<T>(x.size(), from_double<T>(9.0)));
-  none.restore(C::exec(stream.get()), out.span());
-  CHECK(same_bits<T>(out.to_host(stream.get()), std::vector<T>(x.size(), from_double<T>(0.0))));
-  // A device payload is restored by the device executor only.
-  std::vector<T> host_out(x.size());
-  CHECK_THROWS_AS(none.restore(dropit::host, std::span<T>(host_out)), dropit::error);
-
-  dropit::SparseCache<T, dropit::MinK<>> all{dropit::MinK<>{0.0}};
-  all.pack(C::exec(stream.get()), dx.cspan());
-  CHECK(all.kept() == x.size());
-  CHECK(all.bytes() == x.size() * sizeof(T));
-  CHECK(all.layout().positions == dropit::position_encoding::none);
-  all.restore(C::exec(stream.get()), out.span());
-  CHECK(same_bits<T>(out.to_host(stream.get()), x));
-}
-
-TEST_CASE_TEMPLATE("device: Identity keeps everything and restores exactly" * DROPIT_DEVICE, C,
-                   DROPIT_DEVICE_CASES) {
-  using T = typename C::type;
-  INFO(C::name());
-  for (std::size_t n : sizes) {
-    CAPTURE(n);
-    auto x = normal_values<T>(n, 77 + n);
-    if (n > 3) x[3] = from_double<T>(-0.0);
-    CHECK(same_bits<T>(pack_restore<C>(dropit::Identity{}, x, n), x));
-  }
-}
-
-TEST_CASE_TEMPLATE("device: Random keeps exactly k positions, chosen by its key" * DROPIT_DEVICE, C,
-                   DROPIT_DEVICE_CASES) {
-  using T = typename C::type;
-  INFO(C::name());
-  for (std::size_t n : sizes) {
-    std::vector<T> x(n);
-    for (std::size_t i = 0; i < n; ++i)
-      x[i] = from_double<T>(1.0 + static_cast<double>(i % 7));
-    for (double g : gammas) {
-      CAPTURE(n);
-      CAPTURE(g);
-      const dropit::Random<> p{g, 1234 + n};
-      const std::size_t k = expected_k(n, g);
-      const auto got = pack_restore<C>(p, x, k);
-      const auto kept = nonzero_positions(got);
-      CHECK(kept == oracle_by_key<T>(p, x, k));
-      CHECK(same_bits<T>(got, dense_from<T>(x, kept)));
-    }
-  }
-}
-
-TEST_CASE_TEMPLATE("device: Random's unbiased mode scales restored values by n / k" * DROPIT_DEVICE,
-                   C, DROPIT_DEVICE_CASES) {
-  using T = typename C::type;
-  INFO(C::name());
-  for (double g : {0.0, 0.75, 0.99}) {
-    CAPTURE(g);
-    const std::size_t n = 4000;
-    std::vector<T> x(n);
-    for (std::size_t i = 0; i < n; ++i)
-      x[i] = from_double<T>(1.0 + static_cast<double>(i % 5));
-    const dropit::Random<> p{g, 3, dropit::scaling::unbiased};
-    const std::size_t k = expected_k(n, g);
-    const auto got = pack_restore<C>(p, x, k);
-    const double scale = static_cast<double>(n) / static_cast<double>(k);
-    const auto kept = nonzero_positions(got);
-    CHECK(kept == oracle_by_key<T>(p, x, k));
-    for (std::size_t i : kept)
-      CHECK(to_double(got[i]) == to_double(dropit::detail::scaled(x[i], scale)));
-  }
-}
-
-TEST_CASE_TEMPLATE("device: restore is repeatable; a second pack replaces the first" *
-                       DROPIT_DEVICE,
-                   C, DROPIT_DEVICE_CASES) {
-  using T = typename C::type;
-  INFO(C::name());
-  test_stream stream;
-  const auto exec = C::exec(stream.get());
-  const auto x = normal_values<T>(3000, 1);
-  const auto y = normal_values<T>(700, 2);
-  device_buffer<T> dx(x), dy(y), a(x.size()), b(x.size()), c(x.size()), d(y.size());
-  dropit::SparseCache<T, dropit::MinK<>> cache{dropit::MinK<>{0.9}};
-  cache.pack(exec, dx.cspan());
-  cache.restore(exec, a.span());
-  cache.restore(exec, b.span());
-  const auto ha = a.to_host(stream.get());
-  CHECK(same_bits<T>(ha, b.to_host(stream.get())));
-  CHECK(same_bits<T>(ha, dense_from<T>(x, oracle_mink<T>(x, expected_k(x.size(), 0.9)))));
-  dropit::SparseCache<T, dropit::MinK<>> again{dropit::MinK<>{0.9}};
-  again.pack(exec, a.cspan());
-  again.restore(exec, c.span());
-  CHECK(same_bits<T>(ha, c.to_host(stream.get())));
-  cache.pack(exec, dy.cspan());
-  CHECK(cache.size() == y.size());
-  cache.restore(exec, d.span());
-  CHECK(same_bits<T>(d.to_host(stream.get()),
-                     dense_from<T>(y, oracle_mink<T>(y, expected_k(y.size(), 0.9)))));
-}
-
-TEST_CASE("device: zero-length tensors pack and restore; the cache is then not empty" *
-          DROPIT_DEVICE) {
-  test_stream stream;
-  dropit::SparseCache<float, dropit::MinK<0.9>> cache;
-  cache.pack(dropit::cuda_executor{stream.get()}, std::span<const float>{});
-  CHECK_FALSE(cache.empty());
-  CHECK(cache.size() == 0);
-  CHECK(cache.bytes() == 0);
-  CHECK(cache.space() == dropit::memory_space::device);
-  CHECK_NOTHROW(cache.restore(dropit::cuda_executor{stream.get()}, std::span<float>{}));
-}
+// ---- the executor's configuration ------------------------------------------------------------
 
 namespace names_check {
 // dropit declares no `cuda` of its own: with `using namespace dropit`, `cuda::stream_ref` is still

@@ -137,6 +137,16 @@ std::vector<T> dense_from(std::span<const T> x, const std::vector<std::size_t>& 
 }
 
 /// k by the formula, computed independently of the library.
+/// Indices where a restored tensor is non-zero (inputs must be non-zero everywhere).
+template <class T>
+std::vector<std::size_t> nonzero_positions(const std::vector<T>& v) {
+  std::vector<std::size_t> idx;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (to_double(v[i]) != 0.0) idx.push_back(i);
+  }
+  return idx;
+}
+
 inline std::size_t expected_k(std::size_t n, double gamma) {
   return n - static_cast<std::size_t>(std::floor(static_cast<double>(n) * gamma + 1e-6));
 }

@@ -1,0 +1,287 @@
+// Pack and restore against the brute-force oracles, written once for every executor: included by
+// the host suite (sparse_cache_test.cpp: the host executor on 1 and 3 threads) and by the device
+// suite (device_test.cpp: the emulated device with g++, the real device with nvcc, fast and
+// portable kernels). Before including, define
+//   DROPIT_EXECUTOR_CASES       the configurations (executors.hpp) every case runs on
+//   DROPIT_EXECUTOR_DECORATOR   a doctest decorator for every case (the device suite's skip rule)
+// Oracles: test_support.hpp (sorting by key, written independently of the library).
+#include "executors.hpp"
+#include "test_support.hpp"
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <functional>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#if !defined(DROPIT_EXECUTOR_CASES) || !defined(DROPIT_EXECUTOR_DECORATOR)
+#error \
+    "define DROPIT_EXECUTOR_CASES and DROPIT_EXECUTOR_DECORATOR before including executor_cases.inl"
+#endif
+
+namespace dropit_test::executor_cases {
+
+// Sanitizer builds run the largest size smaller, still past the host's parallel threshold and the
+// selection's sample size.
+#if defined(DROPIT_TEST_SANITIZED)
+inline constexpr std::size_t large = (std::size_t{1} << 17) + 7;
+#else
+inline constexpr std::size_t large = (std::size_t{1} << 20) + 7;
+#endif
+inline const std::size_t sizes[] = {0, 1, 2, 31, 32, 33, 63, 64, 65, 1000, large};
+inline const double gammas[] = {0.0, 0.1, 0.5, 0.9, 0.99, 1.0};
+
+/// Packs x with policy p on C's executor, checks the cache's numbers, and returns the restored
+/// tensor (on the host).
+template <class C, class P, class T = typename C::type>
+std::vector<T> pack_restore(const P& p, const std::vector<T>& x, std::size_t expect_k) {
+  typename C::session s;
+  typename C::template buffer<T> dx(x);
+  dropit::SparseCache<T, P> cache{p};
+  CHECK(cache.empty());
+  cache.pack(s.exec(), dx.cspan());
+  CHECK_FALSE(cache.empty());
+  CHECK(cache.size() == x.size());
+  CHECK(cache.kept() == expect_k);
+  CHECK(cache.bytes() == described_bytes(x.size(), expect_k, sizeof(T)));
+  CHECK(cache.space() == C::space);
+  // Garbage in the output: restore must write every element.
+  typename C::template buffer<T> out(std::vector<T>(x.size(), from_double<T>(-123.0)));
+  cache.restore(s.exec(), out.span());
+  return s.to_host(out);
+}
+
+/// Ties, all equal, zeros, negatives, denormals, Inf, NaN.
+template <class T>
+std::map<std::string, std::function<T(std::size_t)>> special_inputs() {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  return {
+      {"ties", [](std::size_t i) { return from_double<T>(static_cast<double>(i * 7 % 5) - 2.0); }},
+      {"all equal", [](std::size_t) { return from_double<T>(1.5); }},
+      {"all zero", [](std::size_t) { return from_double<T>(0.0); }},
+      {"signed zeros", [](std::size_t i) { return from_double<T>(i % 3 ? -0.0 : 0.0); }},
+      {"negatives",
+       [](std::size_t i) { return from_double<T>(-1.0 - static_cast<double>(i % 97)); }},
+      {"denormals",
+       [](std::size_t i) {
+         return i % 4 == 0 ? from_bits<T>(1 + i % 3)
+                           : (i % 4 == 1 ? from_double<T>(0.0) : from_bits<T>(1));
+       }},
+      {"inf and nan",
+       [=](std::size_t i) {
+         switch (i % 11) {
+           case 0:
+             return from_double<T>(inf);
+           case 3:
+             return from_double<T>(-inf);
+           case 5:
+             return from_double<T>(nan);
+           case 7:
+             return from_double<T>(-nan);
+           default:
+             return from_double<T>(static_cast<double>(i % 13) - 6.0);
+         }
+       }},
+  };
+}
+
+}  // namespace dropit_test::executor_cases
+
+TEST_CASE_TEMPLATE("MinK agrees with the brute-force oracle for every size and gamma" *
+                       DROPIT_EXECUTOR_DECORATOR,
+                   C, DROPIT_EXECUTOR_CASES) {
+  using namespace dropit_test;
+  using namespace dropit_test::executor_cases;
+  using T = typename C::type;
+  INFO(C::name());
+  for (std::size_t n : sizes) {
+    const auto x = normal_values<T>(n, 1000 + n);
+    for (double g : gammas) {
+      CAPTURE(n);
+      CAPTURE(g);
+      const std::size_t k = expected_k(n, g);
+      const auto got = pack_restore<C>(dropit::MinK<>{g}, x, k);
+      CHECK(same_bits<T>(got, dense_from<T>(x, oracle_mink<T>(x, k))));
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE(
+    "MinK on special inputs: ties, all-equal, zeros, negatives, denormals, Inf, NaN" *
+        DROPIT_EXECUTOR_DECORATOR,
+    C, DROPIT_EXECUTOR_CASES) {
+  using namespace dropit_test;
+  using namespace dropit_test::executor_cases;
+  using T = typename C::type;
+  INFO(C::name());
+  for (const auto& [name, make] : special_inputs<T>()) {
+    for (std::size_t n : {std::size_t{1}, std::size_t{33}, std::size_t{1000}, large / 2}) {
+      std::vector<T> x(n);
+      for (std::size_t i = 0; i < n; ++i)
+        x[i] = make(i);
+      for (double g : gammas) {
+        CAPTURE(name);
+        CAPTURE(n);
+        CAPTURE(g);
+        const std::size_t k = expected_k(n, g);
+        const auto got = pack_restore<C>(dropit::MinK<>{g}, x, k);
+        CHECK(same_bits<T>(got, dense_from<T>(x, oracle_mink<T>(x, k))));
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("k = 0 stores nothing and restores zeros; k = n stores a dense copy" *
+                       DROPIT_EXECUTOR_DECORATOR,
+                   C, DROPIT_EXECUTOR_CASES) {
+  using namespace dropit_test;
+  using T = typename C::type;
+  INFO(C::name());
+  typename C::session s;
+  const auto x = normal_values<T>(5000, 5);
+  typename C::template buffer<T> dx(x);
+  dropit::SparseCache<T, dropit::MinK<>> none{dropit::MinK<>{1.0}};
+  none.pack(s.exec(), dx.cspan());
+  CHECK(none.kept() == 0);
+  CHECK(none.bytes() == 0);
+  CHECK(none.space() == C::space);  // an empty payload still belongs to its executor
+  typename C::template buffer<T> out(std::vector<T>(x.size(), from_double<T>(9.0)));
+  none.restore(s.exec(), out.span());
+  CHECK(same_bits<T>(s.to_host(out), std::vector<T>(x.size(), from_double<T>(0.0))));
+  if constexpr (C::space == dropit::memory_space::device) {
+    // A device payload is restored by the device executor only.
+    std::vector<T> host_out(x.size());
+    CHECK_THROWS_AS(none.restore(dropit::host, std::span<T>(host_out)), dropit::error);
+  }
+
+  dropit::SparseCache<T, dropit::MinK<>> all{dropit::MinK<>{0.0}};
+  all.pack(s.exec(), dx.cspan());
+  CHECK(all.kept() == x.size());
+  CHECK(all.bytes() == x.size() * sizeof(T));
+  CHECK(all.layout().positions == dropit::position_encoding::none);
+  all.restore(s.exec(), out.span());
+  CHECK(same_bits<T>(s.to_host(out), x));
+}
+
+TEST_CASE_TEMPLATE("Identity keeps everything, stores no positions, restores exactly" *
+                       DROPIT_EXECUTOR_DECORATOR,
+                   C, DROPIT_EXECUTOR_CASES) {
+  using namespace dropit_test;
+  using namespace dropit_test::executor_cases;
+  using T = typename C::type;
+  INFO(C::name());
+  for (std::size_t n : sizes) {
+    CAPTURE(n);
+    auto x = normal_values<T>(n, 77 + n);
+    if (n > 3) x[3] = from_double<T>(-0.0);
+    CHECK(same_bits<T>(pack_restore<C>(dropit::Identity{}, x, n), x));
+    typename C::session s;
+    typename C::template buffer<T> dx(x);
+    dropit::SparseCache<T, dropit::Identity> cache;
+    cache.pack(s.exec(), dx.cspan());
+    CHECK(cache.layout().positions == dropit::position_encoding::none);
+  }
+}
+
+TEST_CASE_TEMPLATE("Random keeps exactly k positions, chosen by its key" *
+                       DROPIT_EXECUTOR_DECORATOR,
+                   C, DROPIT_EXECUTOR_CASES) {
+  using namespace dropit_test;
+  using namespace dropit_test::executor_cases;
+  using T = typename C::type;
+  INFO(C::name());
+  for (std::size_t n : sizes) {
+    // Non-zero inputs, so the restored non-zeros are the kept positions.
+    std::vector<T> x(n);
+    for (std::size_t i = 0; i < n; ++i)
+      x[i] = from_double<T>(1.0 + static_cast<double>(i % 7));
+    for (double g : gammas) {
+      CAPTURE(n);
+      CAPTURE(g);
+      const dropit::Random<> p{g, 1234 + n};
+      const std::size_t k = expected_k(n, g);
+      const auto got = pack_restore<C>(p, x, k);
+      const auto kept = nonzero_positions(got);
+      CHECK(kept == oracle_by_key<T>(p, x, k));
+      CHECK(same_bits<T>(got, dense_from<T>(x, kept)));
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("Random's unbiased mode scales restored values by n / k" *
+                       DROPIT_EXECUTOR_DECORATOR,
+                   C, DROPIT_EXECUTOR_CASES) {
+  using namespace dropit_test;
+  using namespace dropit_test::executor_cases;
+  using T = typename C::type;
+  INFO(C::name());
+  for (double g : {0.0, 0.75, 0.99}) {
+    CAPTURE(g);
+    const std::size_t n = 4000;
+    std::vector<T> x(n);
+    for (std::size_t i = 0; i < n; ++i)
+      x[i] = from_double<T>(1.0 + static_cast<double>(i % 5));
+    const dropit::Random<> p{g, 3, dropit::scaling::unbiased};
+    const std::size_t k = expected_k(n, g);
+    const double scale = static_cast<double>(n) / static_cast<double>(k);
+    typename C::session s;
+    typename C::template buffer<T> dx(x), out(n);
+    dropit::SparseCache<T, dropit::Random<>> cache{p};
+    cache.pack(s.exec(), dx.cspan());
+    CHECK(cache.restore_scale() == scale);
+    cache.restore(s.exec(), out.span());
+    const auto got = s.to_host(out);
+    const auto kept = nonzero_positions(got);
+    CHECK(kept == oracle_by_key<T>(p, x, k));
+    for (std::size_t i : kept)
+      CHECK(to_double(got[i]) == to_double(dropit::detail::scaled(x[i], scale)));
+  }
+}
+
+TEST_CASE_TEMPLATE("restore is repeatable; a second pack replaces the first" *
+                       DROPIT_EXECUTOR_DECORATOR,
+                   C, DROPIT_EXECUTOR_CASES) {
+  using namespace dropit_test;
+  using T = typename C::type;
+  INFO(C::name());
+  typename C::session s;
+  const auto exec = s.exec();
+  const auto x = normal_values<T>(3000, 1);
+  const auto y = normal_values<T>(700, 2);
+  using buffer = typename C::template buffer<T>;
+  buffer dx(x), dy(y), a(x.size()), b(x.size()), c(x.size()), d(y.size());
+  dropit::SparseCache<T, dropit::MinK<>> cache{dropit::MinK<>{0.9}};
+  cache.pack(exec, dx.cspan());
+  cache.restore(exec, a.span());
+  cache.restore(exec, b.span());
+  const auto ha = s.to_host(a);
+  CHECK(same_bits<T>(ha, s.to_host(b)));
+  CHECK(same_bits<T>(ha, dense_from<T>(x, oracle_mink<T>(x, expected_k(x.size(), 0.9)))));
+  // Packing the restored tensor again keeps the same elements.
+  dropit::SparseCache<T, dropit::MinK<>> again{dropit::MinK<>{0.9}};
+  again.pack(exec, a.cspan());
+  again.restore(exec, c.span());
+  CHECK(same_bits<T>(ha, s.to_host(c)));
+  cache.pack(exec, dy.cspan());
+  CHECK(cache.size() == y.size());
+  cache.restore(exec, d.span());
+  CHECK(same_bits<T>(s.to_host(d), dense_from<T>(y, oracle_mink<T>(y, expected_k(y.size(), 0.9)))));
+}
+
+TEST_CASE_TEMPLATE("zero-length tensors pack and restore; the cache is then not empty" *
+                       DROPIT_EXECUTOR_DECORATOR,
+                   C, DROPIT_EXECUTOR_CASES) {
+  using T = typename C::type;
+  INFO(C::name());
+  typename C::session s;
+  dropit::SparseCache<T, dropit::MinK<>> cache{dropit::MinK<>{0.9}};
+  cache.pack(s.exec(), std::span<const T>{});
+  CHECK_FALSE(cache.empty());
+  CHECK(cache.size() == 0);
+  CHECK(cache.bytes() == 0);
+  CHECK(cache.space() == C::space);
+  CHECK_NOTHROW(cache.restore(s.exec(), std::span<T>{}));
+}
