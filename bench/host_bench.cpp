@@ -1,6 +1,7 @@
 // Google Benchmark: pack and restore on the host executor next to their baselines, all in one
 // binary and one run, so that ratios compare like with like on a shared, noisy machine:
-// - memcpy of the input (the bandwidth reference), zero-fill + scatter for restore;
+// - memcpy of the input (the bandwidth reference), a streaming read of the input on the
+//   executor's threads (the physical limit of any pack), zero-fill + scatter for restore;
 // - a std::nth_element-based MinK (keys copied, nth_element, one pass writing values and int32
 //   indices);
 // - DropIT's reference method through LibTorch, when found: abs().topk(k, sorted=false), gather,
@@ -130,6 +131,38 @@ void bench_memcpy(benchmark::State& state) {
   for (auto _ : state) {
     std::memcpy(out.data(), x.data(), n * sizeof(T));
     benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  finish(state, n, sizeof(T), static_cast<double>(n * sizeof(T)));
+}
+
+/// A streaming read of x on the executor's thread count: every cache line once, summed as
+/// integers so the loop vectorizes. No pack can read x faster: the physical limit of any pack.
+template <class T>
+void bench_read(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto& x = input<T>(n);
+  const std::size_t words = n * sizeof(T) / sizeof(std::uint32_t);
+  const auto* w = reinterpret_cast<const std::uint32_t*>(x.data());
+  const unsigned threads = g_threads != 0 ? g_threads : dropit::detail::hardware_threads();
+  auto sum = [w](std::size_t b, std::size_t e) {
+    std::uint32_t acc = 0;
+    for (std::size_t i = b; i < e; ++i)
+      acc += w[i];
+    return acc;
+  };
+  std::vector<std::uint32_t> partial(threads);
+  for (auto _ : state) {
+    if (threads == 1 || n < dropit::host_executor::parallel_threshold) {
+      partial[0] = sum(0, words);
+    } else {
+      std::vector<std::jthread> pool;
+      for (unsigned t = 1; t < threads; ++t)
+        pool.emplace_back(
+            [&, t] { partial[t] = sum(words * t / threads, words * (t + 1) / threads); });
+      partial[0] = sum(0, words / threads);
+    }
+    benchmark::DoNotOptimize(partial.data());
     benchmark::ClobberMemory();
   }
   finish(state, n, sizeof(T), static_cast<double>(n * sizeof(T)));
@@ -364,6 +397,7 @@ void register_size(const std::string& type, std::int64_t n) {
         ->Unit(benchmark::kMicrosecond);
   };
   add("memcpy/" + type, [](benchmark::State& st) { bench_memcpy<T>(st); });
+  add("read/" + type, [](benchmark::State& st) { bench_read<T>(st); });
   for (double g : {0.5, 0.9, 0.99}) {
     const std::string gs = gamma_name(g) + "/" + type;
     add("pack/MinK/" + gs,
