@@ -33,3 +33,26 @@ foreach(program IN LISTS programs)
   endif()
 endforeach()
 message(STATUS "ran: ${programs}")
+
+# What find_package says when a component cannot be had: an unknown name, and a dependency that
+# is not found (nlohmann::json, hidden with CMAKE_DISABLE_FIND_PACKAGE_nlohmann_json).
+file(WRITE "${WORK_DIR}/missing/CMakeLists.txt"
+     "cmake_minimum_required(VERSION 3.25)\nproject(missing LANGUAGES CXX)\n"
+     "find_package(dropit CONFIG REQUIRED COMPONENTS \${COMPONENT})\n")
+foreach(case "bogus|unknown component 'bogus'"
+             "checkpoint|component 'checkpoint' needs nlohmann::json")
+  string(REPLACE "|" ";" case "${case}")
+  list(GET case 0 component)
+  list(GET case 1 expected)
+  execute_process(COMMAND "${CMAKE_COMMAND}" -S "${WORK_DIR}/missing" -B "${WORK_DIR}/missing/build-${component}"
+                          -G "${GENERATOR}" "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix"
+                          "-DCMAKE_CXX_COMPILER=${CXX}" "-DCOMPONENT=${component}"
+                          -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(FIND "${out}${err}" "${expected}" at)
+  if(NOT rc OR at EQUAL -1)
+    message(FATAL_ERROR "find_package(dropit COMPONENTS ${component}): expected a failure saying "
+                        "\"${expected}\", got exit ${rc}: ${out}${err}")
+  endif()
+endforeach()
+message(STATUS "missing components are reported")
