@@ -3,7 +3,8 @@
 // suite (device_test.cpp: the emulated device with g++, the real device with nvcc, fast and
 // portable kernels). Before including, define
 //   DROPIT_EXECUTOR_CASES       the configurations (executors.hpp) every case runs on
-//   DROPIT_EXECUTOR_DECORATOR   a doctest decorator for every case (the device suite's skip rule)
+//   DROPIT_EXECUTOR_DECORATOR   what follows every case's name: empty, or `* decorator` (the device
+//                               suite's skip rule)
 // Oracles: test_support.hpp (sorting by key, written independently of the library).
 #include "executors.hpp"
 #include "test_support.hpp"
@@ -90,9 +91,9 @@ std::map<std::string, std::function<T(std::size_t)>> special_inputs() {
 
 }  // namespace dropit_test::executor_cases
 
-TEST_CASE_TEMPLATE("MinK agrees with the brute-force oracle for every size and gamma" *
-                       DROPIT_EXECUTOR_DECORATOR,
-                   C, DROPIT_EXECUTOR_CASES) {
+TEST_CASE_TEMPLATE(
+    "MinK agrees with the brute-force oracle for every size and gamma" DROPIT_EXECUTOR_DECORATOR, C,
+    DROPIT_EXECUTOR_CASES) {
   using namespace dropit_test;
   using namespace dropit_test::executor_cases;
   using T = typename C::type;
@@ -110,8 +111,8 @@ TEST_CASE_TEMPLATE("MinK agrees with the brute-force oracle for every size and g
 }
 
 TEST_CASE_TEMPLATE(
-    "MinK on special inputs: ties, all-equal, zeros, negatives, denormals, Inf, NaN" *
-        DROPIT_EXECUTOR_DECORATOR,
+    "MinK on special inputs: ties, all-equal, zeros, negatives, denormals, Inf, "
+    "NaN" DROPIT_EXECUTOR_DECORATOR,
     C, DROPIT_EXECUTOR_CASES) {
   using namespace dropit_test;
   using namespace dropit_test::executor_cases;
@@ -134,9 +135,9 @@ TEST_CASE_TEMPLATE(
   }
 }
 
-TEST_CASE_TEMPLATE("k = 0 stores nothing and restores zeros; k = n stores a dense copy" *
-                       DROPIT_EXECUTOR_DECORATOR,
-                   C, DROPIT_EXECUTOR_CASES) {
+TEST_CASE_TEMPLATE(
+    "k = 0 stores nothing and restores zeros; k = n stores a dense copy" DROPIT_EXECUTOR_DECORATOR,
+    C, DROPIT_EXECUTOR_CASES) {
   using namespace dropit_test;
   using T = typename C::type;
   INFO(C::name());
@@ -166,9 +167,9 @@ TEST_CASE_TEMPLATE("k = 0 stores nothing and restores zeros; k = n stores a dens
   CHECK(same_bits<T>(s.to_host(out), x));
 }
 
-TEST_CASE_TEMPLATE("Identity keeps everything, stores no positions, restores exactly" *
-                       DROPIT_EXECUTOR_DECORATOR,
-                   C, DROPIT_EXECUTOR_CASES) {
+TEST_CASE_TEMPLATE(
+    "Identity keeps everything, stores no positions, restores exactly" DROPIT_EXECUTOR_DECORATOR, C,
+    DROPIT_EXECUTOR_CASES) {
   using namespace dropit_test;
   using namespace dropit_test::executor_cases;
   using T = typename C::type;
@@ -186,8 +187,7 @@ TEST_CASE_TEMPLATE("Identity keeps everything, stores no positions, restores exa
   }
 }
 
-TEST_CASE_TEMPLATE("Random keeps exactly k positions, chosen by its key" *
-                       DROPIT_EXECUTOR_DECORATOR,
+TEST_CASE_TEMPLATE("Random keeps exactly k positions, chosen by its key" DROPIT_EXECUTOR_DECORATOR,
                    C, DROPIT_EXECUTOR_CASES) {
   using namespace dropit_test;
   using namespace dropit_test::executor_cases;
@@ -211,9 +211,9 @@ TEST_CASE_TEMPLATE("Random keeps exactly k positions, chosen by its key" *
   }
 }
 
-TEST_CASE_TEMPLATE("Random's unbiased mode scales restored values by n / k" *
-                       DROPIT_EXECUTOR_DECORATOR,
-                   C, DROPIT_EXECUTOR_CASES) {
+TEST_CASE_TEMPLATE(
+    "Random's unbiased mode scales restored values by n / k" DROPIT_EXECUTOR_DECORATOR, C,
+    DROPIT_EXECUTOR_CASES) {
   using namespace dropit_test;
   using namespace dropit_test::executor_cases;
   using T = typename C::type;
@@ -241,9 +241,9 @@ TEST_CASE_TEMPLATE("Random's unbiased mode scales restored values by n / k" *
   }
 }
 
-TEST_CASE_TEMPLATE("restore is repeatable; a second pack replaces the first" *
-                       DROPIT_EXECUTOR_DECORATOR,
-                   C, DROPIT_EXECUTOR_CASES) {
+TEST_CASE_TEMPLATE(
+    "restore is repeatable; a second pack replaces the first" DROPIT_EXECUTOR_DECORATOR, C,
+    DROPIT_EXECUTOR_CASES) {
   using namespace dropit_test;
   using T = typename C::type;
   INFO(C::name());
@@ -271,9 +271,9 @@ TEST_CASE_TEMPLATE("restore is repeatable; a second pack replaces the first" *
   CHECK(same_bits<T>(s.to_host(d), dense_from<T>(y, oracle_mink<T>(y, expected_k(y.size(), 0.9)))));
 }
 
-TEST_CASE_TEMPLATE("zero-length tensors pack and restore; the cache is then not empty" *
-                       DROPIT_EXECUTOR_DECORATOR,
-                   C, DROPIT_EXECUTOR_CASES) {
+TEST_CASE_TEMPLATE(
+    "zero-length tensors pack and restore; the cache is then not empty" DROPIT_EXECUTOR_DECORATOR,
+    C, DROPIT_EXECUTOR_CASES) {
   using T = typename C::type;
   INFO(C::name());
   typename C::session s;

@@ -135,11 +135,14 @@ class tree_builder {
 
   [[nodiscard]] value take() { return std::move(root_); }
 
-  bool null() { return scalar(kind::null, start_of_word()); }
+  bool null() {
+    add(kind::null, start_of_word());
+    return true;
+  }
   bool boolean(bool b) {
     value& v = add(kind::boolean, start_of_word());
     v.boolean = b;
-    return done();
+    return true;
   }
   bool number_integer(json::number_integer_t) { return number(); }
   bool number_unsigned(json::number_unsigned_t) { return number(); }
@@ -147,7 +150,7 @@ class tree_builder {
   bool string(std::string& s) {
     value& v = add(kind::string, start_of_string());
     v.text = std::move(s);
-    return done();
+    return true;
   }
   bool binary(json::binary_t&) { return false; }  // never produced by the JSON lexer
   bool start_object(std::size_t) { return open(kind::object); }
@@ -233,11 +236,7 @@ class tree_builder {
   bool number() {
     const auto [begin, end] = number_span();
     add(kind::number, begin).text.assign(text_.substr(begin, end - begin));
-    return done();
-  }
-  bool scalar(kind k, std::size_t start) {
-    add(k, start);
-    return done();
+    return true;
   }
   /// A new value starting at `offset`: the document, or the next item of the open container.
   value& add(kind k, std::size_t offset) {
@@ -255,9 +254,8 @@ class tree_builder {
   }
   bool close() {
     stack_.pop_back();
-    return done();
+    return true;
   }
-  static bool done() { return true; }
   /// The path of the value being read, `vertices[3].cost`. A container's open child is already
   /// its last item (`add` puts it there when it opens); in the innermost container, the value
   /// being read is its next item, or the value of its last key if that has none yet.
