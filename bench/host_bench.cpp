@@ -185,6 +185,31 @@ void bench_pack(benchmark::State& state, P policy, bool caching) {
   finish(state, n, sizeof(T), static_cast<double>(cache.bytes()));
 }
 
+/// The pack with the count pass's staging off: the compact step reads x a second time (what every
+/// pack did before the one-pass driver), measured next to `pack/` in the same run.
+template <class T, class P>
+void bench_pack_two_pass(benchmark::State& state, P policy) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto& x = input<T>(n);
+  const auto exec = executor();
+  const auto layout = dropit::make_layout(n, policy.kept(n), sizeof(T));
+  const dropit::detail::host_select_tuning two_pass{.staging =
+                                                        dropit::detail::host_staging::never};
+  auto pack = [&] {
+    return dropit::detail::host_pack(policy, x.data(), layout, exec.thread_count(n),
+                                     exec.memory_resource(), two_pass);
+  };
+  {
+    auto warm = pack();
+    auto warm2 = pack();
+  }
+  for (auto _ : state) {
+    auto p = pack();
+    benchmark::DoNotOptimize(p.data());
+  }
+  finish(state, n, sizeof(T), static_cast<double>(layout.total_bytes));
+}
+
 template <class T, class P>
 void bench_restore(benchmark::State& state, P policy) {
   const auto n = static_cast<std::size_t>(state.range(0));
@@ -424,6 +449,8 @@ void register_size(const std::string& type, std::int64_t n) {
   // The payload from fresh memory (new/delete) instead of the caching resource.
   add("pack_fresh/MinK/0.9/" + type,
       [](benchmark::State& st) { bench_pack<T>(st, dropit::MinK<0.9>{}, false); });
+  add("pack_two_pass/MinK/0.9/" + type,
+      [](benchmark::State& st) { bench_pack_two_pass<T>(st, dropit::MinK<0.9>{}); });
 }
 
 /// Training-sized packs (saved layer inputs of 1e5 to 2e6 elements) through the executor.

@@ -215,6 +215,87 @@ TEST_CASE_TEMPLATE("host selection: heavy ties at the threshold, all-equal, NaN 
   }
 }
 
+/// Hands out its first allocation, then fails every later one: the payload is served, the
+/// count pass's stage is not.
+class first_only_resource : public std::pmr::memory_resource {
+  int calls_ = 0;
+  void* do_allocate(std::size_t bytes, std::size_t align) override {
+    if (calls_++ > 0) throw std::bad_alloc();
+    return std::pmr::new_delete_resource()->allocate(bytes, align);
+  }
+  void do_deallocate(void* p, std::size_t bytes, std::size_t align) override {
+    std::pmr::new_delete_resource()->deallocate(p, bytes, align);
+  }
+  [[nodiscard]] bool do_is_equal(const std::pmr::memory_resource& o) const noexcept override {
+    return this == &o;
+  }
+};
+
+TEST_CASE_TEMPLATE("host selection: the count pass stages the kept values, every way a stage ends",
+                   T, DROPIT_TEST_TYPES) {
+  using dropit::detail::host_staging;
+  for (std::size_t n : {std::size_t{40000}, (std::size_t{1} << 18) + 3}) {
+    const auto x = normal_values<T>(n, 3 + n);
+    const std::size_t blocks = (n + 1023) / 1024;
+    for (unsigned threads : {1u, 2u}) {
+      CAPTURE(n);
+      CAPTURE(threads);
+      auto run = [&](const auto& policy, const host_select_tuning& t) {
+        const std::size_t k = policy.kept(n);
+        const auto [bytes, report] = tuned_pack<T>(policy, std::span<const T>(x), threads, t);
+        CHECK(bytes == expected_payload<T>(x, oracle_by_key<T>(policy, x, k)));
+        return report;
+      };
+      // gamma = 0.9, x taken as larger than the cache: every block is staged (the compact step
+      // never reads x). x in the cache (these sizes, by default): nothing is staged.
+      const host_select_tuning large{.stage_min_bytes = 1};
+      CHECK(run(dropit::MinK<>{0.9}, {}).staged_blocks == 0);
+      for (const bool random : {false, true}) {
+        CAPTURE(random);
+        const auto r =
+            random ? run(dropit::Random<>{0.9, 5}, large) : run(dropit::MinK<>{0.9}, large);
+        if (r.path == host_select_path::candidates) {
+          CHECK(r.staged_blocks == blocks);
+        } else {
+          CHECK(sizeof(T) == 2);  // half types round Normal(0, 1) to few values: a one-key range
+          CHECK(r.staged_blocks == 0);
+        }
+      }
+      // Off: nothing staged, the same bytes.
+      CHECK(run(dropit::MinK<>{0.9}, {.staging = host_staging::never}).staged_blocks == 0);
+      // gamma = 0.5: staging half of x does not pay, unless asked for.
+      CHECK(run(dropit::Random<>{0.5, 2}, large).staged_blocks == 0);
+      CHECK(run(dropit::Random<>{0.5, 2}, {.staging = host_staging::always}).staged_blocks ==
+            blocks);
+      // A stage too small for every block: the blocks without a slab are read from x again.
+      if (n > 100000) {
+        const auto r = run(dropit::Random<>{0.9, 8}, {.stage_capacity = 1, .stage_min_bytes = 1});
+        CHECK(r.staged_blocks > 0);
+        CHECK(r.staged_blocks < blocks);
+      }
+      // Ties at the threshold among the staged candidates (some dropped, some kept).
+      const auto ties = few_values<T>(n, 64, n + 9);
+      const std::size_t k = dropit::MinK<0.9>{}.kept(n);
+      const auto [tb, tr] = tuned_pack<T>(dropit::MinK<0.9>{}, std::span<const T>(ties), threads,
+                                          {.margin = 8.0, .staging = host_staging::always});
+      CHECK(tb == expected_payload<T>(ties, oracle_mink<T>(ties, k)));
+      // The index list (gamma = 0.99) has no stage: its compact step reads only kept elements.
+      CHECK(run(dropit::MinK<>{0.99}, {.staging = host_staging::always}).staged_blocks == 0);
+    }
+  }
+  // A memory resource that cannot supply the stage: the pack is complete, only unstaged.
+  const auto x = normal_values<T>(50000, 12);
+  const dropit::MinK<0.9> policy;
+  const auto layout = dropit::make_layout(x.size(), policy.kept(x.size()), sizeof(T));
+  first_only_resource mr;
+  host_select_report report;
+  const auto p = dropit::detail::host_pack(policy, x.data(), layout, 2, &mr,
+                                           {.staging = host_staging::always}, &report);
+  CHECK(report.staged_blocks == 0);
+  CHECK(std::vector<std::byte>(p.data(), p.data() + p.bytes()) ==
+        expected_payload<T>(x, oracle_mink<T>(x, layout.k)));
+}
+
 TEST_CASE("host selection: every path is reached") {
   // all equal: the sampled range is one key (lo == hi), resolved from per-block tie counts
   const std::vector<float> same(100000, 1.0f);

@@ -1,7 +1,8 @@
 /**
  * @file compact.hpp
- * @brief The host's compact step (the second read of x) and expand step (restore), per range of
- * blocks, so that every worker writes a disjoint part of the payload or the output.
+ * @brief The host's compact step (the kept values from the count pass's stage, or from a second
+ * read of x) and expand step (restore), per range of blocks, so that every worker writes a
+ * disjoint part of the payload or the output.
  *
  * The bytes are those of the shared steps (steps.hpp: mark_word, compact_word, expand_word): bit j
  * of word w set when element 32 w + j is kept, the kept values in index order, block offsets =
@@ -12,6 +13,7 @@
 #pragma once
 
 #include <dropit/detail/host/classify.hpp>
+#include <dropit/detail/host/compress.hpp>
 #include <dropit/detail/host/isa.hpp>
 #include <dropit/detail/host/select.hpp>
 #include <dropit/detail/numeric.hpp>
@@ -28,14 +30,6 @@
 DROPIT_AVX512_WARNINGS_OFF
 
 namespace dropit::detail {
-
-/// Copies the elements of src whose bit is set in m to out, in order; returns the end.
-template <class T>
-inline T* host_compact_word(const T* src, std::uint32_t m, T* out) noexcept {
-  for (; m != 0; m &= m - 1)
-    *out++ = src[std::countr_zero(m)];
-  return out;
-}
 
 /// Bits of word w below the tie cut: elements 32 w + j < cut.
 [[nodiscard]] inline std::uint32_t below_cut(std::size_t w, std::size_t cut) noexcept {
@@ -56,20 +50,6 @@ struct word_span {
   return {std::min(total, b0 * words_per_block), std::min(total, b1 * words_per_block)};
 }
 
-/// For each 8-bit mask: the positions of its set bits, in order (compress), as bytes.
-inline constexpr auto compress_table = [] {
-  std::array<std::uint64_t, 256> t{};
-  for (unsigned m = 0; m < 256; ++m) {
-    std::uint64_t v = 0;
-    unsigned j = 0;
-    for (unsigned b = 0; b < 8; ++b) {
-      if ((m >> b & 1u) != 0) v |= std::uint64_t{b} << (8 * j++);
-    }
-    t[m] = v;
-  }
-  return t;
-}();
-
 /// For each 8-bit mask: for every position, how many set bits lie below it (expand), as bytes.
 inline constexpr auto expand_table = [] {
   std::array<std::uint64_t, 256> t{};
@@ -85,117 +65,6 @@ inline constexpr auto expand_table = [] {
   return t;
 }();
 
-#if DROPIT_HOST_X86
-/// AVX-512: compacts full words [w0, w1) of x by masks[w - w0] to out; returns the end. Stores
-/// are whole vectors while `end` (one past the last value this call writes) leaves room, masked
-/// after that.
-template <class T>
-DROPIT_TARGET_AVX512 T* compact_words_avx512(const T* x, const std::uint32_t* masks, std::size_t w0,
-                                             std::size_t w1, T* out, const T* end) noexcept {
-  for (std::size_t w = w0; w < w1; ++w) {
-    const std::uint32_t m = masks[w - w0];
-    if (m == 0) continue;
-    const T* src = x + w * word_elements;
-    if constexpr (sizeof(T) == 4) {
-      for (unsigned h = 0; h < 2; ++h) {
-        const auto mh = static_cast<__mmask16>(m >> (16 * h));
-        const __m512i c = _mm512_maskz_compress_epi32(mh, _mm512_loadu_si512(src + 16 * h));
-        const int count = __builtin_popcount(mh);
-        if (end - out >= 16) {
-          _mm512_storeu_si512(out, c);
-        } else {
-          _mm512_mask_storeu_epi32(out, static_cast<__mmask16>((1u << count) - 1u), c);
-        }
-        out += count;
-      }
-    } else if constexpr (sizeof(T) == 2) {
-      for (unsigned h = 0; h < 2; ++h) {
-        const auto mh = static_cast<__mmask16>(m >> (16 * h));
-        const __m512i wide = _mm512_cvtepu16_epi32(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 16 * h)));
-        const __m256i c = _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(mh, wide));
-        const int count = __builtin_popcount(mh);
-        if (end - out >= 16) {
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), c);
-        } else {
-          _mm256_mask_storeu_epi16(out, static_cast<__mmask16>((1u << count) - 1u), c);
-        }
-        out += count;
-      }
-    } else {
-      static_assert(sizeof(T) == 8);
-      for (unsigned q = 0; q < 4; ++q) {
-        const auto mq = static_cast<__mmask8>(m >> (8 * q));
-        const __m512i c = _mm512_maskz_compress_epi64(mq, _mm512_loadu_si512(src + 8 * q));
-        const int count = __builtin_popcount(mq);
-        if (end - out >= 8) {
-          _mm512_storeu_si512(out, c);
-        } else {
-          _mm512_mask_storeu_epi64(out, static_cast<__mmask8>((1u << count) - 1u), c);
-        }
-        out += count;
-      }
-    }
-  }
-  return out;
-}
-
-/// AVX2, 4-byte elements: compacts full words [w0, w1) (at most a block) through a buffer that
-/// takes whole vectors, then copies the kept count out.
-template <class T>
-DROPIT_TARGET_AVX2 T* compact_words_avx2(const T* x, const std::uint32_t* masks, std::size_t w0,
-                                         std::size_t w1, T* out) noexcept {
-  static_assert(sizeof(T) == 4);
-  alignas(32) std::uint32_t buf[block_elements + 8];
-  std::size_t at = 0;
-  for (std::size_t w = w0; w < w1; ++w) {
-    const std::uint32_t m = masks[w - w0];
-    if (m == 0) continue;
-    const T* src = x + w * word_elements;
-    for (unsigned g = 0; g < 4; ++g) {
-      const unsigned mg = m >> (8 * g) & 0xffu;
-      const __m256i idx =
-          _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(compress_table[mg])));
-      const __m256i v = _mm256_permutevar8x32_epi32(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 8 * g)), idx);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf + at), v);
-      at += static_cast<std::size_t>(__builtin_popcount(mg));
-    }
-  }
-  std::memcpy(static_cast<void*>(out), buf, at * sizeof(T));
-  return out + at;
-}
-#endif
-
-/// Compacts words [w0, w1) (at most a block) of an n-element x by masks[w - w0] to out, in
-/// index order, `end` being one past the last value written; returns the end.
-template <class T>
-T* compact_words(const T* x, std::size_t n, const std::uint32_t* masks, std::size_t w0,
-                 std::size_t w1, T* out, const T* end, host_isa isa) noexcept {
-  const std::size_t full = std::min(w1, n / word_elements);
-  std::size_t w = w0;
-#if DROPIT_HOST_X86
-  if (w0 < full) {
-    if (isa == host_isa::avx512 && (sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8)) {
-      out = compact_words_avx512(x, masks, w0, full, out, end);
-      w = full;
-    } else if (isa >= host_isa::avx2 && sizeof(T) == 4) {
-      if constexpr (sizeof(T) == 4) {
-        out = compact_words_avx2(x, masks, w0, full, out);
-        w = full;
-      }
-    }
-  }
-#else
-  (void)isa;
-  (void)full;
-  (void)end;
-#endif
-  for (; w < w1; ++w)
-    out = host_compact_word(x + w * word_elements, masks[w - w0], out);
-  return out;
-}
-
 /// The kept masks of words [w0, w1) (a block) under the exact threshold th; the classifier is
 /// built with hi = lo = th.t.
 template <class P, class T>
@@ -210,17 +79,59 @@ void mark_block(const word_classifier<P, T>& cls, std::size_t w0, std::size_t w1
 }
 
 /**
+ * Copies block b's kept values from the stage (its values of keys >= lo, in index order) to
+ * [out, end): the stage less the candidates the threshold drops, compacted by a mask over the
+ * stage's entries. `words` hold the kept set; a dropped candidate at element i is the stage's
+ * entry number (kept before i in the block) + (dropped before i).
+ */
+template <class Key, class T>
+void copy_staged_block(const host_selection<Key, T>& sel, std::size_t b, std::size_t n,
+                       const std::uint32_t* words, T* out, const T* end, host_isa isa) noexcept {
+  const T* src = sel.stage.values.get() + sel.stage.at[b];
+  const std::size_t total = std::size_t{sel.above[b]} + sel.within[b];
+  const std::size_t mask_words = (total + word_elements - 1) / word_elements;
+  std::uint32_t keep[block_elements / word_elements];
+  for (std::size_t j = 0; j < mask_words; ++j)
+    keep[j] = ~std::uint32_t{0};
+  if (mask_words != 0)
+    keep[mask_words - 1] = low_bits(static_cast<unsigned>(total - (mask_words - 1) * word_elements));
+  const std::size_t base = b * block_elements;
+  const std::size_t first = sel.cand.at[b];
+  std::size_t w = block_words(b, b + 1, n).w0;
+  std::size_t kept_before_w = 0;  // kept elements of the block in words before w
+  std::size_t dropped = 0;
+  for (std::size_t s = first; s < first + sel.cand.count[b]; ++s) {
+    const std::size_t i = base + sel.cand.offs[s];
+    if (sel.th.keeps(sel.cand.keys[s], i)) continue;
+    for (; w < i / word_elements; ++w)
+      kept_before_w += static_cast<std::size_t>(popcount32(words[w]));
+    const std::size_t entry =
+        kept_before_w + dropped +
+        static_cast<std::size_t>(
+            popcount32(words[w] & low_bits(static_cast<unsigned>(i % word_elements))));
+    keep[entry / word_elements] &= ~(std::uint32_t{1} << (entry % word_elements));
+    ++dropped;
+  }
+  (void)compact_words(src, total, keep, 0, mask_words, out, end, isa);
+}
+
+/**
  * Bitmask encoding, blocks [b0, b1): with `from_candidates` the words already hold the kept set;
- * else every block is classified against the threshold. Writes the block offsets and the values.
+ * else every block is classified against the threshold. Writes the block offsets and the values,
+ * from the stage where the count pass staged the block, else from x.
  */
 template <class P, class T, class Offset>
 void host_compact_bitmask(const word_classifier<P, T>& cls,
-                          const host_selection<key_type_t<P, T>>& sel, const T* x, std::size_t n,
-                          std::size_t b0, std::size_t b1, std::uint32_t* words, Offset* offsets,
-                          T* values, host_isa isa) {
+                          const host_selection<key_type_t<P, T>, T>& sel, const T* x,
+                          std::size_t n, std::size_t b0, std::size_t b1, std::uint32_t* words,
+                          Offset* offsets, T* values, host_isa isa) {
   for (std::size_t b = b0; b < b1; ++b) {
     const std::size_t at = sel.block_start[b];
     offsets[b] = static_cast<Offset>(at);
+    if (sel.staged(b)) {
+      copy_staged_block(sel, b, n, words, values + at, values + sel.block_start[b + 1], isa);
+      continue;
+    }
     const word_span ws = block_words(b, b + 1, n);
     if (!sel.from_candidates) mark_block(cls, ws.w0, ws.w1, sel.th, words + ws.w0);
     (void)compact_words(x, n, words + ws.w0, ws.w0, ws.w1, values + at,
@@ -231,7 +142,7 @@ void host_compact_bitmask(const word_classifier<P, T>& cls,
 /// Index-list encoding, blocks [b0, b1): kept values and their indices.
 template <class P, class T, class Index>
 void host_compact_index(const word_classifier<P, T>& cls,
-                        const host_selection<key_type_t<P, T>>& sel, const T* x, std::size_t n,
+                        const host_selection<key_type_t<P, T>, T>& sel, const T* x, std::size_t n,
                         std::size_t b0, std::size_t b1, T* values, Index* index) {
   for (std::size_t b = b0; b < b1; ++b) {
     std::size_t at = sel.block_start[b];

@@ -60,7 +60,7 @@ template <class T, class Policy>
   const bool bitmask = layout.positions == position_encoding::bitmask;
   std::byte* positions = out.data() + layout.positions_offset;
   auto* words = bitmask ? reinterpret_cast<std::uint32_t*>(positions) : nullptr;
-  host_selector<Policy, T> selector(policy, x, n, k, threads, tuning);
+  host_selector<Policy, T> selector(policy, x, n, k, threads, tuning, mr);
   const auto sel = selector.run(words, !bitmask, report);
   const word_classifier<Policy, T> cls(policy, x, n, sel.th.t, sel.th.t);
   const host_isa isa = active_host_isa();

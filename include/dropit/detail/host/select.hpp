@@ -9,7 +9,9 @@
  * 2. count (the one full pass over x): per block of 1024, the keys above hi and the keys in
  *    [lo, hi]; keys in the range are collected as candidates (key, offset in block) into the
  *    worker's part of a candidate buffer (with the index-list encoding, the keys above hi too);
- *    the bitmask of keys above hi goes straight into the payload's bitmask;
+ *    the bitmask of keys above hi goes straight into the payload's bitmask; with the bitmask
+ *    encoding and few keys at or above lo, the block's values of those keys are staged (copied
+ *    out while the block is in cache), so that the compact step never reads x again;
  * 3. decide: if the range holds the k-th key, select it among the candidates (`candidates`); if
  *    the range is one key, the per-block counts give the tie cut (`ties`); otherwise, or when a
  *    worker's candidate part overflows, radix-select the exact key over x and count again
@@ -20,20 +22,55 @@
 #pragma once
 
 #include <dropit/detail/host/classify.hpp>
+#include <dropit/detail/host/compress.hpp>
 #include <dropit/detail/host/parallel.hpp>
 #include <dropit/detail/steps.hpp>
 #include <dropit/format.hpp>
 #include <dropit/policy.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <memory_resource>
+#include <new>
+#include <utility>
+
+#if __has_include(<unistd.h>)
+#include <unistd.h>
+#endif
 
 namespace dropit::detail {
+
+/// Whether the count pass stages the values of keys at or above lo (bitmask encoding only).
+enum class host_staging : std::uint8_t {
+  automatic,  ///< when x is larger than `stage_min_bytes` and at most `max_staged_fraction` of it
+              ///< is expected at or above lo
+  never,      ///< the compact step reads x again
+  always      ///< whenever the count pass collects candidates
+};
+
+/// Staging pays while the staged values are a small part of x: at gamma = 0.5 copying half of x
+/// out and back costs more than reading x again.
+inline constexpr double max_staged_fraction = 0.3;
+
+/// Staging pays when x does not stay in the cache between the count and the compact pass: from
+/// half the last-level cache on (measured on a 320 MiB L3: equal at 128 MiB of fp32, faster from
+/// 256 MiB; bench/README.md). 32 MiB is assumed where the OS does not tell.
+[[nodiscard]] inline std::size_t host_stage_min_bytes() noexcept {
+  static const std::size_t bytes = [] {
+    long l3 = 0;
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+    l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    return (l3 > 0 ? static_cast<std::size_t>(l3) : std::size_t{32} << 20) / 2;
+  }();
+  return bytes;
+}
 
 /// Knobs of the host selection; the defaults are what the executor uses. Tests turn them to
 /// reach every way the selection resolves.
@@ -42,6 +79,9 @@ struct host_select_tuning {
   double margin = 3.0;          ///< half-width of the guessed range, in standard deviations
   std::size_t capacity = 0;     ///< candidate slots per worker; 0: automatic
   bool force_fallback = false;  ///< ignore the guess: exact radix select over x
+  host_staging staging = host_staging::automatic;
+  std::size_t stage_capacity = 0;   ///< staged values in all; 0: automatic
+  std::size_t stage_min_bytes = 0;  ///< automatic staging from this size of x; 0: the cache's
 };
 
 /// How a selection resolved the threshold.
@@ -58,6 +98,9 @@ struct host_select_report {
   std::size_t collected = 0;  ///< candidates (and, index list, keys above hi) collected
   bool overflow = false;      ///< a worker's candidate part was too small
   int attempts = 0;           ///< count passes with a guessed range: 1, or 2 after a miss
+  /// Blocks whose kept values the compact step took from the staged values (the others, and
+  /// every block off the candidates path, are read from x again).
+  std::size_t staged_blocks = 0;
 };
 
 /// Sampled keys for n elements: all of them up to 4096, then about 11 sqrt(n) (a power of two,
@@ -94,8 +137,55 @@ inline constexpr std::size_t candidate_buckets = std::size_t{1} << radix_bits;
 /// Per worker: the buckets and one more that counts the entries outside [lo, hi].
 inline constexpr std::size_t hist_stride = candidate_buckets + 1;
 
+/// Storage for `count` values of T from a memory resource (null when empty), freed on destruction.
+template <class T>
+class resource_array {
+ public:
+  resource_array() noexcept = default;
+  /// @throw whatever the resource throws (std::bad_alloc when it is out of memory)
+  resource_array(std::pmr::memory_resource* mr, std::size_t count)
+      : mr_(mr),
+        data_(static_cast<T*>(mr->allocate(count * sizeof(T), 64))),
+        bytes_(count * sizeof(T)) {}
+  resource_array(resource_array&& o) noexcept
+      : mr_(o.mr_), data_(std::exchange(o.data_, nullptr)), bytes_(o.bytes_) {}
+  resource_array& operator=(resource_array&& o) noexcept {
+    if (this != &o) {
+      release();
+      mr_ = o.mr_;
+      data_ = std::exchange(o.data_, nullptr);
+      bytes_ = o.bytes_;
+    }
+    return *this;
+  }
+  ~resource_array() { release(); }
+  [[nodiscard]] T* get() const noexcept { return data_; }
+
+ private:
+  void release() noexcept {
+    if (data_ != nullptr) mr_->deallocate(data_, bytes_, 64);
+    data_ = nullptr;
+  }
+  std::pmr::memory_resource* mr_ = nullptr;
+  T* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+/// Values staged by the count pass: per block, the values of its keys >= lo in index order, from
+/// `at[b]` (`not_staged` when no slab had room). The values come from the executor's memory
+/// resource, as the payload does: a caching resource serves both without fresh pages.
+template <class T>
+struct host_stage {
+  static constexpr std::size_t not_staged = ~std::size_t{0};
+  resource_array<T> values;  ///< empty: nothing is staged
+  std::size_t capacity = 0;
+  std::size_t slab = 0;  ///< a worker claims this many slots at a time
+  std::unique_ptr<std::size_t[]> at;
+  std::size_t blocks = 0;  ///< blocks staged
+};
+
 /// The result: the threshold, how to apply it, and each block's offset into the values.
-template <class Key>
+template <class Key, class T>
 struct host_selection {
   threshold<Key> th;
   host_select_path path = host_select_path::candidates;
@@ -105,8 +195,16 @@ struct host_selection {
   bool from_candidates = false;
   Key hi{};
   std::unique_ptr<std::uint32_t[]> above;      ///< per block: keys above hi
+  std::unique_ptr<std::uint32_t[]> within;     ///< per block: keys in [lo, hi]
   std::unique_ptr<std::size_t[]> block_start;  ///< kept before block b; [blocks] == k
   host_candidates<Key> cand;
+  host_stage<T> stage;  ///< used on the candidates path only
+
+  /// Whether the compact step takes block b's values from the stage.
+  [[nodiscard]] bool staged(std::size_t b) const noexcept {
+    return from_candidates && stage.values.get() != nullptr &&
+           stage.at[b] != host_stage<T>::not_staged;
+  }
 };
 
 /// Uninitialised storage (no value-initialisation pass over large temporaries).
@@ -121,25 +219,28 @@ class host_selector {
  public:
   using key = key_type_t<P, T>;
 
+  /// `mr` supplies the count pass's stage (host_stage).
   host_selector(const P& policy, const T* x, std::size_t n, std::size_t k, unsigned threads,
-                const host_select_tuning& tuning)
+                const host_select_tuning& tuning, std::pmr::memory_resource* mr)
       : policy_(policy),
         x_(x),
         n_(n),
         k_(k),
         threads_(std::max(1u, threads)),
         blocks_((n + block_elements - 1) / block_elements),
-        tuning_(tuning) {}
+        tuning_(tuning),
+        mr_(mr) {}
 
   /**
    * Runs the selection. `words` (the payload's bitmask, or null for the index list) receives the
    * mask of keys above hi on the candidates path; `collect_above` (index list) collects those
    * keys as entries too.
    */
-  host_selection<key> run(std::uint32_t* words, bool collect_above, host_select_report* report) {
-    host_selection<key> sel;
+  host_selection<key, T> run(std::uint32_t* words, bool collect_above,
+                             host_select_report* report) {
+    host_selection<key, T> sel;
     sel.above = host_buffer<std::uint32_t>(blocks_);
-    within_ = host_buffer<std::uint32_t>(blocks_);
+    sel.within = host_buffer<std::uint32_t>(blocks_);
     sel.block_start = host_buffer<std::size_t>(blocks_ + 1);
     host_select_report rep;
 
@@ -155,7 +256,10 @@ class host_selector {
         rep.attempts = attempt + 1;
         pick_range(samples, tuning_.margin * (attempt == 0 ? 1.0 : 3.0));
         const bool collect = lo_ != hi_;
-        if (collect) allocate_candidates(sel.cand, samples, collect_above);
+        if (collect) {
+          allocate_candidates(sel.cand, samples, collect_above);
+          if (words != nullptr) allocate_stage(sel.stage, samples);
+        }
         const counts c = count(sel, collect ? words : nullptr, collect, collect_above);
         rep.collected = c.collected;
         rep.overflow = c.overflow;
@@ -167,6 +271,7 @@ class host_selector {
           } else if (!c.overflow) {
             rep.path = host_select_path::candidates;
             resolve_candidates(sel, words, collect_above, k_ - c.above);
+            rep.staged_blocks = sel.stage.values.get() != nullptr ? sel.stage.blocks : 0;
             done = true;
           } else {
             break;  // the range holds too many keys (heavy ties): a wider one holds more
@@ -175,7 +280,10 @@ class host_selector {
         if (samples == n_) break;  // the exact range: a wider one is the same
       }
       sample_.reset();
-      if (!done) fallback(sel, rep);
+      if (!done) {
+        sel.stage = host_stage<T>{};
+        fallback(sel, rep);
+      }
     } else {
       fallback(sel, rep);
     }
@@ -259,6 +367,37 @@ class host_selector {
     }
   }
 
+  /**
+   * The stage of the count pass, when it pays (`max_staged_fraction`) and its memory is there: a
+   * stage that cannot be had only costs the second read of x, so it is not an error.
+   */
+  void allocate_stage(host_stage<T>& stage, std::size_t samples) {
+    stage = host_stage<T>{};
+    if (tuning_.staging == host_staging::never) return;
+    const double expected = static_cast<double>(k_) + static_cast<double>(n_) *
+                                                          static_cast<double>(2 * margin_ + 1) /
+                                                          static_cast<double>(samples);
+    if (tuning_.staging == host_staging::automatic) {
+      const std::size_t min_bytes =
+          tuning_.stage_min_bytes != 0 ? tuning_.stage_min_bytes : host_stage_min_bytes();
+      if (n_ * sizeof(T) < min_bytes || expected > max_staged_fraction * static_cast<double>(n_))
+        return;
+    }
+    // Slabs of several blocks' worth: a worker claims one with an atomic add, so the stage follows
+    // where the large keys are, not where the blocks are.
+    stage.slab = std::clamp<std::size_t>(static_cast<std::size_t>(expected) / (16 * threads_),
+                                         4 * block_elements, 64 * block_elements);
+    stage.capacity = tuning_.stage_capacity != 0
+                         ? std::max(tuning_.stage_capacity, stage.slab)
+                         : static_cast<std::size_t>(1.1 * expected) + 2 * threads_ * stage.slab;
+    try {
+      stage.values = resource_array<T>(mr_, stage.capacity);
+      stage.at = host_buffer<std::size_t>(blocks_);
+    } catch (const std::bad_alloc&) {
+      stage = host_stage<T>{};
+    }
+  }
+
   void allocate_candidates(host_candidates<key>& cand, std::size_t samples, bool collect_above) {
     std::size_t cap = tuning_.capacity;
     if (cap == 0) {
@@ -279,28 +418,38 @@ class host_selector {
 
   /**
    * The count pass over x against [lo_, hi_]: per block the keys above hi (`sel.above`) and in
-   * the range (`within_`); with `collect`, the entries into the candidate parts, and the mask of
+   * the range (`sel.within`); with `collect`, the entries into the candidate parts, and the mask of
    * keys above hi into `words` (when not null).
    */
-  counts count(host_selection<key>& sel, std::uint32_t* words, bool collect, bool collect_above) {
-    // Per worker: its counts and how much of its candidate part it has used. A worker may run
-    // several chunks of blocks; its entries stay in index order within each chunk.
+  counts count(host_selection<key, T>& sel, std::uint32_t* words, bool collect,
+               bool collect_above) {
+    // Per worker: its counts, how much of its candidate part it has used, and its stage slab. A
+    // worker may run several chunks of blocks; its entries stay in index order within each chunk.
     struct alignas(64) part {
       counts c;
       std::size_t used = 0;
       bool full = false;
+      std::size_t slab_at = 0;
+      std::size_t slab_end = 0;
+      bool stage_full = false;  ///< no slab was left: the worker's later blocks are not staged
     };
     auto parts = std::make_unique<part[]>(threads_);
     const word_classifier<P, T> cls(policy_, x_, n_, hi_, lo_);
     host_candidates<key>& cand = sel.cand;
     std::uint32_t* above = sel.above.get();
-    std::uint32_t* within = within_.get();
+    std::uint32_t* within = sel.within.get();
+    host_stage<T>& stage = sel.stage;
+    const bool staging = collect && stage.values.get() != nullptr;
+    std::atomic<std::size_t> claimed{0};
+    std::atomic<std::size_t> staged_blocks{0};
+    const host_isa isa = active_host_isa();
     const std::size_t total_words = (n_ + word_elements - 1) / word_elements;
     constexpr std::size_t words_per_block = block_elements / word_elements;
     const key lo = lo_, hi = hi_;
     parallel_for(threads_, blocks_, [&](std::size_t b0, std::size_t b1, unsigned t) {
       part& me = parts[t];
       counts c = me.c;
+      std::size_t staged_here = 0;
       bool collecting = collect && !me.full;
       key* ck = collect ? cand.keys.get() + t * cand.stride() : nullptr;
       std::uint16_t* co = collect ? cand.offs.get() + t * cand.stride() : nullptr;
@@ -349,6 +498,29 @@ class host_selector {
         }
         above[b] = static_cast<std::uint32_t>(bc.above);
         within[b] = static_cast<std::uint32_t>(bc.within);
+        if (staging) {
+          // The values of keys >= lo, from the block still in cache, into the worker's slab.
+          const std::size_t s = bc.above + bc.within;
+          if (me.slab_end - me.slab_at < s && !me.stage_full) {
+            const std::size_t from = claimed.fetch_add(stage.slab, std::memory_order_relaxed);
+            me.slab_at = me.slab_end = 0;
+            if (from < stage.capacity && stage.capacity - from >= stage.slab) {
+              me.slab_at = from;
+              me.slab_end = from + stage.slab;
+            } else {
+              me.stage_full = true;
+            }
+          }
+          if (me.slab_end - me.slab_at >= s) {
+            T* const v = stage.values.get();
+            (void)compact_words(x_, n_, ge, w0, w1, v + me.slab_at, v + me.slab_end, isa);
+            stage.at[b] = me.slab_at;
+            me.slab_at += s;
+            ++staged_here;
+          } else {
+            stage.at[b] = host_stage<T>::not_staged;
+          }
+        }
         if (collect) {
           cand.at[b] = t * cand.stride() + first;
           cand.count[b] = static_cast<std::uint32_t>(used - first);
@@ -360,7 +532,9 @@ class host_selector {
       me.c = c;
       me.used = used;
       me.full = collect && !collecting;
+      if (staged_here != 0) staged_blocks.fetch_add(staged_here, std::memory_order_relaxed);
     });
+    stage.blocks = staged_blocks.load(std::memory_order_relaxed);
     counts total;
     for (unsigned t = 0; t < threads_; ++t) {
       total.above += parts[t].c.above;
@@ -372,7 +546,7 @@ class host_selector {
   }
 
   /// The candidates path: the r-th largest candidate key, the tie cut, the per-block counts.
-  void resolve_candidates(host_selection<key>& sel, std::uint32_t* words, bool collect_above,
+  void resolve_candidates(host_selection<key, T>& sel, std::uint32_t* words, bool collect_above,
                           std::size_t r) {
     const host_candidates<key>& cand = sel.cand;
     // The bucket that holds the r-th largest candidate key.
@@ -463,20 +637,21 @@ class host_selector {
   }
 
   /// lo == hi == t holds the k-th key: `ties_kept` of the `ties` keys equal to t are kept.
-  void resolve_ties(host_selection<key>& sel, key t, std::size_t ties_kept, std::size_t ties) {
+  void resolve_ties(host_selection<key, T>& sel, key t, std::size_t ties_kept, std::size_t ties) {
     sel.th.t = t;
     sel.th.cut = n_;
     sel.from_candidates = false;
     std::size_t* start = sel.block_start.get();
     const std::uint32_t* above = sel.above.get();
+    const std::uint32_t* within = sel.within.get();
     if (ties_kept == ties) {
       for (std::size_t b = 0; b < blocks_; ++b)
-        start[b] = above[b] + within_[b];
+        start[b] = above[b] + within[b];
     } else {
       std::size_t seen = 0, b = 0;
-      while (seen + within_[b] < ties_kept) {
-        start[b] = above[b] + within_[b];
-        seen += within_[b++];
+      while (seen + within[b] < ties_kept) {
+        start[b] = above[b] + within[b];
+        seen += within[b++];
       }
       // Block b holds the last kept tie.
       const std::size_t cut_block = b;
@@ -493,7 +668,7 @@ class host_selector {
   }
 
   /// Exact radix select over x, then a second count pass with lo == hi == the k-th key.
-  void fallback(host_selection<key>& sel, host_select_report& rep) {
+  void fallback(host_selection<key, T>& sel, host_select_report& rep) {
     rep.path = host_select_path::fallback;
     // Per worker: the bins and one more that takes the keys not matching the digits so far.
     constexpr std::size_t max_bins = std::size_t{1} << radix_bits;
@@ -528,7 +703,7 @@ class host_selector {
   }
 
   /// Turns the per-block kept counts in block_start into their exclusive scan.
-  void scan_block_start(host_selection<key>& sel) const {
+  void scan_block_start(host_selection<key, T>& sel) const {
     std::size_t total = 0;
     for (std::size_t b = 0; b < blocks_; ++b) {
       const std::size_t kept = sel.block_start[b];
@@ -545,10 +720,10 @@ class host_selector {
   unsigned threads_;
   std::size_t blocks_;
   host_select_tuning tuning_;
+  std::pmr::memory_resource* mr_;
   key hi_{};
   key lo_{};
   std::size_t margin_ = 0;
-  std::unique_ptr<std::uint32_t[]> within_;  ///< per block: keys in [lo, hi]
   std::unique_ptr<key[]> sample_;            ///< the sampled keys (partly ordered)
 };
 
