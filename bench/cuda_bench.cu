@@ -114,6 +114,26 @@ void bench_pack(benchmark::State& state, P policy) {
     state.SetIterationTime(s.time([&] { cache.pack(exec, x); }));
   }
   finish<T>(state, s.n, cache.bytes());
+  // Kernel launches of one pack (the same on every pack of this size and policy: no step waits
+  // for the host), and how many of them did work on this input.
+  unsigned launches = 0;
+  const auto layout = dropit::make_layout(s.n, policy.kept(s.n), sizeof(T));
+  if (layout.k != 0 && layout.k != layout.n) {
+    using Key = dropit::detail::key_type_t<P, T>;
+    using ctl_t = dropit::detail::dev::select_ctl<Key>;
+    void* ctl = nullptr;
+    check(cudaMalloc(&ctl, sizeof(ctl_t)));
+    (void)dropit::detail::dev::pack(exec, policy, s.x, layout,
+                                    {.ctl_copy = ctl, .launches = &launches});
+    alignas(ctl_t) unsigned char host[sizeof(ctl_t)];
+    check(cudaMemcpyAsync(host, ctl, sizeof(ctl_t), cudaMemcpyDeviceToHost, s.stream));
+    check(cudaStreamSynchronize(s.stream));
+    check(cudaFree(ctl));
+    const auto* c = reinterpret_cast<const ctl_t*>(host);
+    state.counters["working_launches"] = static_cast<double>(__builtin_popcount(c->worked));
+    state.counters["x_passes"] = static_cast<double>(c->x_passes);
+  }
+  state.counters["launches"] = static_cast<double>(launches);
 }
 
 template <class T, class P>

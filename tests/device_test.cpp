@@ -10,6 +10,7 @@
 #include "executor_cases.inl"
 
 #include <array>
+#include <bit>
 #include <atomic>
 #include <functional>
 #include <limits>
@@ -24,10 +25,10 @@ using namespace dropit_test;
 
 namespace {
 
-// Sanitizer builds run the selection cases smaller, still above the sample size (2^16), so that
+// Sanitizer builds run the selection cases smaller, still above the sample size (8192), so that
 // every path of the selection runs there too.
 #if defined(DROPIT_TEST_SANITIZED)
-constexpr std::size_t selection_n = (std::size_t{1} << 16) + 123;
+constexpr std::size_t selection_n = (std::size_t{1} << 14) + 123;
 const double selection_gammas[] = {0.5, 0.99};
 #else
 constexpr std::size_t selection_n = (std::size_t{1} << 17) + 123;
@@ -103,12 +104,14 @@ TEST_CASE_TEMPLATE("device and host payloads are byte-identical (MinK, Random, I
 
 namespace {
 
-/// What the selection did: the final control block, copied back.
+/// What the selection did: the final control block, copied back, and the pack's launches.
 template <class Key>
 struct outcome {
   std::vector<std::byte> payload;
-  int mode;
-  bool fell_back;
+  int path;
+  unsigned worked;    ///< select_step bits: the launches that did work
+  unsigned x_passes;  ///< launches that read all of x
+  unsigned launches;
 };
 
 /// A device pack with the selection's knobs turned; returns its payload and how it resolved.
@@ -120,7 +123,9 @@ auto tuned_pack(const P& p, const std::vector<T>& x, const dropit::cuda_executor
   device_buffer<T> dx(x);
   device_buffer<std::byte> ctl(sizeof(ctl_t));
   auto t = tuning;
+  unsigned launches = 0;
   t.ctl_copy = ctl.data();
+  t.launches = &launches;
   const auto layout = dropit::make_layout(x.size(), p.kept(x.size()), sizeof(T));
   const auto payload = dropit::detail::dev::pack(exec, p, dx.data(), layout, t);
   const auto bytes = bytes_to_host({payload.data(), payload.bytes()}, exec.stream.get());
@@ -128,7 +133,8 @@ auto tuned_pack(const P& p, const std::vector<T>& x, const dropit::cuda_executor
   alignas(ctl_t) std::byte copy[sizeof(ctl_t)];
   std::memcpy(copy, raw.data(), sizeof(ctl_t));
   const auto* c = reinterpret_cast<const ctl_t*>(copy);
-  return outcome<Key>{bytes, c->mode, c->fell_back};
+  CHECK(c->mode == dropit::detail::dev::mode_final);
+  return outcome<Key>{bytes, c->path, c->worked, c->x_passes, launches};
 }
 
 }  // namespace
@@ -136,8 +142,7 @@ auto tuned_pack(const P& p, const std::vector<T>& x, const dropit::cuda_executor
 TEST_CASE_TEMPLATE("every way the device selection resolves gives the host's bytes" * DROPIT_DEVICE,
                    C, DROPIT_DEVICE_CASES) {
   using T = typename C::type;
-  using dropit::detail::dev::mode_cand;
-  using dropit::detail::dev::mode_ties;
+  using namespace dropit::detail::dev;
   INFO(C::name());
   test_stream stream;
   const auto exec = C::exec(stream.get());
@@ -167,10 +172,11 @@ TEST_CASE_TEMPLATE("every way the device selection resolves gives the host's byt
       {"one candidate slot", {.capacity = 1}},
       {"tiny sample", {.sample = 16}},
       {"no margin", {.margin = 0.0}},
-      {"whole input sampled", {.sample = n}},
+      {"the largest sample", {.sample = n}},
+      {"nothing staged", {.staging = 0}},
+      {"a stage for a few blocks", {.stage_capacity = n / 50}},
   };
-  std::map<int, int> modes;
-  int fallbacks = 0;
+  std::map<int, int> paths;
   for (const auto& [name, x] : inputs) {
     for (double g : selection_gammas) {
       const dropit::MinK<> mink{g};
@@ -183,53 +189,111 @@ TEST_CASE_TEMPLATE("every way the device selection resolves gives the host's byt
         CAPTURE(kn.name);
         const auto m = tuned_pack<T>(mink, x, exec, kn.tuning);
         CHECK(m.payload == want_m);
-        CHECK((m.mode == mode_cand || m.mode == mode_ties));
         const auto r = tuned_pack<T>(random, x, exec, kn.tuning);
         CHECK(r.payload == want_r);
-        ++modes[m.mode];
-        ++modes[r.mode];
-        fallbacks += m.fell_back + r.fell_back;
-        if (kn.tuning.force_fallback) CHECK(m.fell_back);
+        ++paths[m.path];
+        ++paths[r.path];
+        if (kn.tuning.force_fallback) CHECK(m.path == path_fallback);
       }
     }
   }
-  // The inputs and knobs above reach both ways to resolve, and the fallback.
-  CHECK(modes[mode_cand] > 0);
-  CHECK(modes[mode_ties] > 0);
-  CHECK(fallbacks > 0);
+  // The inputs and knobs above reach every way to resolve.
+  CHECK(paths[path_candidates] > 0);
+  CHECK(paths[path_single_key] > 0);
+  CHECK(paths[path_fallback] > 0);
 }
 
-TEST_CASE("radix_advance_to matches radix_state::advance for the bucket radix_picks chooses") {
+TEST_CASE_TEMPLATE("a device pack is at most 8 launches, at most 4 of which work on a hit" *
+                       DROPIT_DEVICE,
+                   C, DROPIT_DEVICE_CASES) {
+  using T = typename C::type;
+  using namespace dropit::detail::dev;
+  INFO(C::name());
+  test_stream stream;
+  const auto exec = C::exec(stream.get());
+  // sample, count, one radix pass per 11-bit digit of the key (they return at once on a hit),
+  // resolve, compact: whatever the data, the host enqueues the same launches.
+  auto expected = [](const auto& policy) {
+    using K = dropit::detail::key_type_t<std::decay_t<decltype(policy)>, T>;
+    return 4 + static_cast<unsigned>(radix_passes<K>);
+  };
+  const std::size_t n = selection_n;
+  const auto x = normal_values<T>(n, 21);
+  auto check = [&](const auto& policy, double g) {
+    const auto o = tuned_pack<T>(policy, x, exec, {});
+    CHECK(o.launches == expected(policy));
+    // fp16 and bf16 keys have 2 digits, fp32 and Random's keys 3 (fp64's 64-bit keys 6: MinK on
+    // fp64 takes 10 launches)
+    if (expected(policy) <= 7) CHECK(o.launches <= 8);
+    if (o.path == path_candidates) {
+      CHECK(o.worked == (step_sample | step_count | step_resolve | step_compact));
+    } else {
+      CHECK(o.path == path_single_key);  // half types round Normal(0, 1) to few values
+      CHECK(o.worked == (step_sample | step_count | step_compact));
+    }
+    CHECK(std::popcount(o.worked) <= 4);
+    // x is read by the count pass only; at gamma 0.5 nothing is staged (half of x would be) and
+    // the compact step reads x again.
+    CHECK(o.x_passes == (g > 0.6 ? 1u : 2u));
+  };
+  for (double g : {0.5, 0.9, 0.99}) {
+    CAPTURE(g);
+    check(dropit::MinK<>{g}, g);
+    check(dropit::Random<>{g, 4}, g);
+  }
+  // The miss path: the same launches; the radix passes work, the resolve returns at once.
+  const auto miss = tuned_pack<T>(dropit::MinK<0.9>{}, x, exec, {.force_fallback = true});
+  CHECK(miss.path == path_fallback);
+  using Key = dropit::detail::key_type_t<dropit::MinK<0.9>, T>;
+  CHECK(miss.launches == expected(dropit::MinK<0.9>{}));
+  CHECK(miss.worked == (step_sample | step_count | step_radix | step_compact));
+  CHECK(miss.x_passes == 2 + static_cast<unsigned>(radix_passes<Key>));
+  // A stage too small for every block: those it holds are read from it, the others from x.
+  const auto partial = tuned_pack<T>(dropit::Random<0.9>{1}, x, exec, {.stage_capacity = n / 20});
+  CHECK(partial.payload == host_payload<T>(dropit::Random<0.9>{1}, x));
+  CHECK(partial.x_passes == 2);
+  // Staging asked for at gamma 0.5, and turned off at 0.9.
+  CHECK(tuned_pack<T>(dropit::Random<0.5>{1}, x, exec, {.staging = 1}).x_passes == 1);
+  CHECK(tuned_pack<T>(dropit::Random<0.9>{1}, x, exec, {.staging = 0}).x_passes == 2);
+}
+
+TEST_CASE("radix_picks (the fast kernels' parallel bucket choice) picks pick_bucket's bucket") {
+  // Both against the walk written here: from the top bucket down, the first whose running sum
+  // reaches the rank (bucket 0 when none does).
   std::mt19937_64 gen(3);
   for (int trial = 0; trial < 2000; ++trial) {
-    std::vector<std::size_t> hist(dropit::detail::dev::radix_bins, 0);
     const unsigned bins = trial % 3 == 0 ? 32u : dropit::detail::dev::radix_bins;
+    std::vector<std::size_t> hist(bins, 0);
     std::size_t total = 0;
     for (unsigned d = 0; d < bins; ++d) {
       hist[d] = gen() % 4 == 0 ? gen() % 50 : 0;
       total += hist[d];
     }
     if (total == 0) continue;
-    const std::size_t rank = 1 + gen() % total;
-    dropit::detail::radix_state<std::uint32_t> serial(rank), parallel(rank);
-    if (bins == 32) serial.shift = parallel.shift = 5;
-    serial.advance(hist.data());
+    const std::size_t rank = 1 + gen() % (total + (trial % 7 == 0 ? 10 : 0));
+    std::size_t want = 0, sum = 0;
+    for (unsigned d = bins; d-- > 0;) {
+      if (sum + hist[d] >= rank || d == 0) {
+        want = d;
+        break;
+      }
+      sum += hist[d];
+    }
+    const auto serial = dropit::detail::dev::pick_bucket(hist.data(), bins, rank);
+    CHECK(serial.d == want);
+    CHECK(serial.higher == sum);
+    CHECK(serial.count == hist[want]);
     int picked = 0;
     std::size_t above = 0;
-    for (int d = static_cast<int>(dropit::detail::dev::radix_bins) - 1; d >= 0; --d) {
-      if (dropit::detail::radix_picks(above + hist[d], above, rank, static_cast<unsigned>(d))) {
-        dropit::detail::radix_advance_to(parallel, static_cast<unsigned>(d), above, hist[d]);
+    for (unsigned d = bins; d-- > 0;) {
+      if (dropit::detail::radix_picks(above + hist[d], above, rank, d)) {
+        CHECK(d == want);
+        CHECK(above == sum);
         ++picked;
       }
       above += hist[d];
     }
-    REQUIRE(picked == 1);
-    CHECK(parallel.prefix == serial.prefix);
-    CHECK(parallel.mask == serial.mask);
-    CHECK(parallel.shift == serial.shift);
-    CHECK(parallel.rank == serial.rank);
-    CHECK(parallel.above == serial.above);
-    CHECK(parallel.in_bucket == serial.in_bucket);
+    CHECK(picked == 1);
   }
 }
 

@@ -101,10 +101,16 @@ class gamma_holder<dynamic_gamma> {
   double gamma_;
 };
 
+/// splitmix64's finaliser's multipliers, and the golden-ratio step between Random's indices: the
+/// host's vector kernels (detail/host/classify.hpp) compute Random's key from these too.
+inline constexpr std::uint64_t mix64_m1 = 0xbf58476d1ce4e5b9ull;
+inline constexpr std::uint64_t mix64_m2 = 0x94d049bb133111ebull;
+inline constexpr std::uint64_t random_golden = 0x9e3779b97f4a7c15ull;
+
 /// splitmix64's finaliser: a bijective 64-bit mixer with full avalanche.
 DROPIT_HD constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z = (z ^ (z >> 30)) * mix64_m1;
+  z = (z ^ (z >> 27)) * mix64_m2;
   return z ^ (z >> 31);
 }
 
@@ -185,7 +191,7 @@ class Random : public detail::gamma_holder<Gamma> {
   template <element T>
   [[nodiscard]] DROPIT_HD std::uint32_t key(T /*x*/, std::size_t index) const noexcept {
     return static_cast<std::uint32_t>(
-        detail::mix64(salt_ + static_cast<std::uint64_t>(index) * 0x9e3779b97f4a7c15ull) >> 32);
+        detail::mix64(salt_ + static_cast<std::uint64_t>(index) * detail::random_golden) >> 32);
   }
 
   /// @brief n / k in `scaling::unbiased` mode (1 when k is 0), else 1.

@@ -1,16 +1,14 @@
 /**
  * @file steps.hpp
- * @brief Step bodies of pack and restore as plain functions that compile for host and device: the
- * selection rule (`threshold`), the radix-select state, per-word and per-block mark + compact, and
- * expand.
+ * @brief What pack and restore share across executors, as plain functions that compile for host
+ * and device: the selection rule (`threshold`: the k largest keys, ties lowest index first), the
+ * radix-select state and digit width, the restored value, and the expansion bodies.
  *
- * What is shared today, and what is not: both executors take the selection rule, the radix
- * state and digit width, `restore_value` and `expand_index_range` from here. The block
- * compaction and expansion bodies are used by the CUDA executor's portable path; the host
- * executor uses the per-word bodies inside its own SIMD classify/compact (`detail/host/`), and the
- * CUDA executor's fast path has its own kernels (`detail/cuda/kernels.cuh`). The three selections
- * are separate implementations of one rule, held to the same bytes by tests (host vs emulated
- * device, byte for byte).
+ * Both executors take the radix state, `restore_value` and `expand_index_range` from here; the
+ * host applies `threshold`, the device the equivalent (threshold key, ties kept) pair of its
+ * look-back (detail/cuda/selection.hpp). The selections themselves are two designs: the host's
+ * SIMD one (`detail/host/`) and the device's fixed launch sequence (`detail/cuda/`), held to the
+ * same bytes by tests (host vs emulated device, byte for byte).
  */
 #pragma once
 
@@ -96,41 +94,6 @@ struct radix_state {
   }
 };
 
-/// Bit j of word w is set when element 32 w + j (< n) is kept.
-template <class P, class T, class Key>
-[[nodiscard]] DROPIT_HD std::uint32_t mark_word(const P& policy, const T* x, std::size_t n,
-                                                std::size_t w, threshold<Key> th) noexcept {
-  const std::size_t base = w * word_elements;
-  std::uint32_t m = 0;
-  if (base + word_elements <= n) {
-    for (unsigned j = 0; j < word_elements; ++j) {
-      const std::size_t i = base + j;
-      m |= static_cast<std::uint32_t>(th.keeps(policy.key(x[i], i), i)) << j;
-    }
-  } else {
-    for (std::size_t i = base; i < n; ++i) {
-      m |= static_cast<std::uint32_t>(th.keeps(policy.key(x[i], i), i)) << (i - base);
-    }
-  }
-  return m;
-}
-
-/// Copies the kept values of word w (mask m) to `values`, in index order.
-template <class T>
-DROPIT_HD void compact_word(const T* x, std::size_t w, std::uint32_t m, T* values) noexcept {
-  const T* src = x + w * word_elements;
-  for (; m != 0; m &= m - 1)
-    *values++ = src[lowest_bit32(m)];
-}
-
-/// Writes the indices of the kept elements of word w (mask m) to `index`, ascending.
-template <class Index>
-DROPIT_HD void compact_word_index(std::size_t w, std::uint32_t m, Index* index) noexcept {
-  const std::size_t base = w * word_elements;
-  for (; m != 0; m &= m - 1)
-    *index++ = static_cast<Index>(base + lowest_bit32(m));
-}
-
 /// Restored value: as stored, or times the policy's restore scale.
 template <class T>
 struct restore_value {
@@ -170,43 +133,6 @@ DROPIT_HD void expand_index_range(const T* values, const Index* index, std::size
   return end < n ? end : n;
 }
 
-/**
- * Marks and compacts block b, bitmask encoding: writes the block's bitmask words and its kept
- * values from `values + at`, where `at` is the kept count before block b. Returns the kept count
- * after block b. The same bytes as the host's per-word loop (mark_word + compact_word).
- */
-template <class P, class T, class Key>
-DROPIT_HD std::size_t compact_block_bitmask(const P& policy, const T* x, std::size_t n,
-                                            std::size_t b, threshold<Key> th, std::size_t at,
-                                            T* values, std::uint32_t* words) noexcept {
-  const std::size_t w0 = b * (block_elements / word_elements);
-  const std::size_t w1 = (block_end(b, n) + word_elements - 1) / word_elements;
-  for (std::size_t w = w0; w < w1; ++w) {
-    const std::uint32_t m = mark_word(policy, x, n, w, th);
-    words[w] = m;
-    compact_word(x, w, m, values + at);
-    at += static_cast<std::size_t>(popcount32(m));
-  }
-  return at;
-}
-
-/// Marks and compacts block b, index-list encoding: kept values and their indices from `at`.
-template <class P, class T, class Key, class Index>
-DROPIT_HD std::size_t compact_block_index(const P& policy, const T* x, std::size_t n, std::size_t b,
-                                          threshold<Key> th, std::size_t at, T* values,
-                                          Index* index) noexcept {
-  const std::size_t w0 = b * (block_elements / word_elements);
-  const std::size_t w1 = (block_end(b, n) + word_elements - 1) / word_elements;
-  for (std::size_t w = w0; w < w1; ++w) {
-    const std::uint32_t m = mark_word(policy, x, n, w, th);
-    if (m == 0) continue;
-    compact_word(x, w, m, values + at);
-    compact_word_index(w, m, index + at);
-    at += static_cast<std::size_t>(popcount32(m));
-  }
-  return at;
-}
-
 /// Restores block b from the bitmask encoding: `at` is the block's offset into the values.
 template <class T>
 DROPIT_HD void expand_block_bitmask(const T* values, const std::uint32_t* words, std::size_t n,
@@ -229,23 +155,6 @@ DROPIT_HD void expand_block_bitmask(const T* values, const std::uint32_t* words,
 [[nodiscard]] DROPIT_HD inline bool radix_picks(std::size_t from_d, std::size_t above_d,
                                                 std::size_t rank, unsigned d) noexcept {
   return above_d < rank && (from_d >= rank || d == 0);
-}
-
-/**
- * Fixes the next digit of `s` to d, the bucket `radix_picks` chose: `above_d` matching keys have
- * a larger digit, `bucket` have digit d. Leaves `s` as `s.advance(hist)` would.
- */
-template <class Key>
-DROPIT_HD void radix_advance_to(radix_state<Key>& s, unsigned d, std::size_t above_d,
-                                std::size_t bucket) noexcept {
-  const int b = s.digit_bits();
-  const unsigned top = s.bins() - 1;
-  s.rank -= above_d;
-  s.above += above_d;
-  s.shift -= b;
-  s.prefix = static_cast<Key>(s.prefix | static_cast<Key>(static_cast<Key>(d) << s.shift));
-  s.mask = static_cast<Key>(s.mask | static_cast<Key>(static_cast<Key>(top) << s.shift));
-  s.in_bucket = bucket;
 }
 
 /// Zeroes the padding between the sections of a host-accessible payload.

@@ -1,6 +1,6 @@
 // Implementation of dropit::cuda_executor (exec/cuda.cuh): the pack and restore drivers. Every
-// step is a Thrust call over a portable body (portable.hpp) or, with nvcc and
-// `cuda_kernels::fast`, a fast kernel (kernels.cuh) computing the same bytes.
+// step is a Thrust `for_each` over a portable body (portable.hpp) or, with nvcc and
+// `cuda_kernels::fast`, that body's fast kernel (kernels.cuh) computing the same bytes.
 #pragma once
 
 #include <dropit/detail/cuda/kernels.cuh>
@@ -39,126 +39,83 @@ void for_each_index(ExecPolicy& pol, std::size_t count, const F& fn) {
   return !DROPIT_CUDA_EMULATED && e.kernels == cuda_kernels::fast;
 }
 
-/// All radix passes of one source: a histogram, then the state advances on the device.
-template <class Src, class Key, class ExecPolicy>
-void radix_select(ExecPolicy& pol, bool fast, cudaStream_t stream, const Src& src,
-                  select_ctl<Key>* ctl, unsigned long long* hist) {
-  constexpr int passes = radix_passes<typename Src::key_type>;
-  for (int pass = 0; pass < passes; ++pass) {
-    const bool last = pass == passes - 1;
-#if !DROPIT_CUDA_EMULATED
-    if (fast) {
-      radix_pass_kernel<Src, Key>
-          <<<item_grid(src.items()), fast_threads, 0, stream>>>(src, ctl, hist, last);
-      rt::check_launch();
-      continue;
+/// Runs the steps of one pack: a step's fast kernel when it has one and the executor asks for
+/// it, else its body through Thrust (one launch either way); counts the launches.
+struct step_launcher {
+  bool fast;
+  cudaStream_t stream;
+  unsigned count = 0;
+  template <class ExecPolicy, class Body>
+  void operator()(ExecPolicy& pol, std::size_t items, const Body& body) {
+    ++count;
+    if constexpr (fast_kernel<Body>::exists) {
+      if (fast) {
+        fast_kernel<Body>::launch(body, stream);
+        rt::check_launch();
+        return;
+      }
     }
-#else
-    (void)fast;
-    (void)stream;
-#endif
-    for_each_index(pol, src.items(), radix_histogram_fn<Src, Key>{src, ctl, hist});
-    for_each_index(pol, 1, radix_advance_fn<Src, Key>{ctl, hist, last});
+    for_each_index(pol, items, body);
   }
-}
+};
 
-/// The count pass (and the decision after it), over the blocks of x.
-template <class P, class T, class Key, class ExecPolicy>
-void count_pass(ExecPolicy& pol, bool fast, cudaStream_t stream, const P& policy, const T* x,
-                std::size_t n, std::size_t blocks, const pack_temps<Key>& t) {
-#if !DROPIT_CUDA_EMULATED
-  if (fast) {
-    count_kernel<<<warp_grid(blocks), fast_threads, 0, stream>>>(
-        policy, x, n, blocks, t.ctl, t.above, t.within, t.cand_key, t.cand_index);
-    rt::check_launch();
-    return;
-  }
-#else
-  (void)fast;
-  (void)stream;
-#endif
-  for_each_index(
-      pol, blocks,
-      count_fn<P, T, Key>{policy, x, n, t.ctl, t.above, t.within, t.cand_key, t.cand_index});
-  for_each_index(pol, 1, decide_fn<Key>{t.ctl});
-}
-
-/// Selects the k largest keys of x (0 < k < n) and writes the payload's values and positions.
+/**
+ * Selects the k largest keys of x (0 < k < n) and writes the payload's values and positions:
+ * the fixed sequence of selection.hpp, every launch enqueued whatever the data (a step that is
+ * not due returns at once), so the host never waits for the device. With nvcc and
+ * `cuda_kernels::fast` the sample, count, resolve and compact steps run their fast kernels.
+ */
 template <class T, class P>
 void pack_selected(const cuda_executor& e, const P& policy, const T* x, const packed_layout& l,
                    std::byte* payload, workspace_lease& lease, const select_tuning& tuning) {
   using Key = key_type_t<P, T>;
   const std::size_t n = l.n, k = l.k, blocks = l.blocks();
   const cudaStream_t stream = lease.stream();
-  const bool fast = use_fast(e);
   const bool index_list = l.positions != position_encoding::bitmask;
-  const select_plan plan = plan_select(n, k, blocks, tuning);
+  const select_plan plan = plan_select<Key>(n, k, blocks, tuning);
 
   carver measure(nullptr);
-  (void)pack_temps<Key>::carve(measure, blocks, plan, index_list);
+  (void)pack_temps<Key, T>::carve(measure, n, blocks, plan);
   std::byte* buffer = lease.take(measure.used());
   carver cut(buffer);
-  const auto t = pack_temps<Key>::carve(cut, blocks, plan, index_list);
+  const auto t = pack_temps<Key, T>::carve(cut, n, blocks, plan);
   lease_allocator alloc(lease);
   auto pol = rt::exec_policy(alloc, stream);
+  step_launcher launch{use_fast(e), stream};
 
-  // 1. Guess a key range from a sorted sample.
-  rt::zero_async(t.hist, radix_bins * sizeof(unsigned long long), stream);
-  for_each_index(pol, plan.samples, sample_fn<P, T, Key>{policy, x, n, plan.samples, t.sample});
-  thrust::sort(pol, t.sample, t.sample + plan.samples, thrust::greater<Key>());
-  for_each_index(pol, 1,
-                 guess_fn<Key>{t.ctl, t.sample, plan.samples, plan.hi_rank, plan.lo_rank, n, k,
-                               plan.parts, plan.part_cap, tuning.force_fallback});
-  // 2. Count (first read of x) and decide.
-  count_pass(pol, fast, stream, policy, x, n, blocks, t);
-  // 3. Fallback (runs only if the guess missed): exact select over x, then count again.
-  radix_select(pol, fast, stream, x_keys<P, T, Key>{policy, x, n}, t.ctl, t.hist);
-  count_pass(pol, fast, stream, policy, x, n, blocks, t);
-  // 4. Resolve the threshold: from the tie counts (ties) or from the candidates (cand).
-  thrust::inclusive_scan(pol, t.within, t.within + blocks, t.within_prefix);
-#if !DROPIT_CUDA_EMULATED
-  if (fast) {
-    ties_kernel<<<1, 1024, 0, stream>>>(policy, x, n, blocks, t.ctl, t.within_prefix);
-    rt::check_launch();
-  } else
-#endif
-  {
-    for_each_index(pol, 1, ties_fn<P, T, Key>{policy, x, n, blocks, t.ctl, t.within_prefix});
+  const sample_setup<Key> setup{n,
+                                k,
+                                plan.samples,
+                                plan.hi_rank,
+                                plan.lo_rank,
+                                plan.parts,
+                                plan.part_cap,
+                                plan.small_cap,
+                                plan.stage_cap,
+                                tuning.force_fallback};
+  unsigned long long* bucket_hist = t.hist;
+  unsigned long long* radix_hist = t.hist + candidate_buckets;
+  launch(pol, 1, sample_fn<P, T, Key>{policy, x, setup, t.sample, t.ctl, t.hist});
+  launch(pol, blocks,
+         count_fn<P, T, Key>{policy, x, n, blocks, t.ctl, bucket_hist, t.cand_key, t.cand_index,
+                             t.cells, t.stage, t.stage_at, t.ge_words});
+  for (int pass = 0; pass < radix_passes<Key>; ++pass) {
+    launch(pol, blocks,
+           radix_fn<P, T, Key>{policy, x, n, t.ctl, radix_hist, pass == radix_passes<Key> - 1});
   }
-  radix_select(pol, fast, stream, candidate_keys<Key>{t.cand_key, plan.capacity}, t.ctl, t.hist);
-  radix_select(pol, fast, stream, tie_indices<Key>{t.cand_key, t.cand_index, plan.capacity}, t.ctl,
-               t.hist);
-  // 5. Kept count per block, then each block's offset into the values.
-  for_each_index(pol, blocks, kept_init_fn<Key>{t.ctl, t.above, t.within, t.kept});
-  for_each_index(pol, plan.capacity,
-                 kept_candidate_fn<Key>{t.ctl, t.cand_key, t.cand_index, t.kept});
+  launch(pol, chunks_of(plan.capacity),
+         resolve_fn<Key>{t.ctl, t.cand_key, plan.capacity, t.small});
   auto* values = reinterpret_cast<T*>(payload + l.values_offset);
   auto* positions = reinterpret_cast<std::uint32_t*>(payload + l.positions_offset);
-  std::uint32_t* block_start =
-      index_list ? t.block_start
-                 : reinterpret_cast<std::uint32_t*>(payload + l.block_offsets_offset);
-  thrust::exclusive_scan(pol, t.kept, t.kept + blocks, block_start);
+  auto* offsets = reinterpret_cast<std::uint32_t*>(payload + l.block_offsets_offset);
+  launch(pol, blocks,
+         compact_fn<P, T, Key>{policy, x, n, blocks, t.ctl, t.cells, t.stage, t.stage_at,
+                               t.ge_words, payload, padding_of(l), values,
+                               index_list ? nullptr : positions, index_list ? nullptr : offsets,
+                               index_list ? positions : nullptr});
   if (tuning.ctl_copy != nullptr)
     rt::memcpy_async(tuning.ctl_copy, t.ctl, sizeof(select_ctl<Key>), stream);
-    // 6. Mark + compact (second read of x).
-#if !DROPIT_CUDA_EMULATED
-  if (fast) {
-    if (index_list) {
-      compact_kernel<false><<<warp_grid(blocks), fast_threads, 0, stream>>>(
-          policy, x, n, blocks, t.ctl, block_start, values, positions);
-    } else {
-      compact_kernel<true><<<warp_grid(blocks), fast_threads, 0, stream>>>(
-          policy, x, n, blocks, t.ctl, block_start, values, positions);
-    }
-    rt::check_launch();
-    lease.give(buffer);
-    return;
-  }
-#endif
-  for_each_index(
-      pol, blocks,
-      compact_fn<P, T, Key>{policy, x, n, t.ctl, block_start, values,
-                            index_list ? nullptr : positions, index_list ? positions : nullptr});
+  if (tuning.launches != nullptr) *tuning.launches = launch.count;
   lease.give(buffer);
 }
 
@@ -215,13 +172,8 @@ template <class T, class P>
       rt::memcpy_async(out.data() + l.values_offset, x, l.n * sizeof(T), stream);
       return out;
     }
-    {
-      call_workspace ws(e, stream);
-      pack_selected(e, policy, x, l, out.data(), ws.lease(), tuning);
-    }
-    const padding_gaps gaps = padding_of(l);
-    for (int i = 0; i < 2; ++i)
-      rt::zero_async(out.data() + gaps.begin[i], gaps.end[i] - gaps.begin[i], stream);
+    call_workspace ws(e, stream);
+    pack_selected(e, policy, x, l, out.data(), ws.lease(), tuning);
     return out;
   });
 }
@@ -237,7 +189,6 @@ void restore(const cuda_executor& e, const payload& p, const packed_layout& l, T
     rt::stream_after(stream, payload_stream);  // the pack is done before the restore reads it
     const std::size_t n = l.n, k = l.k, blocks = l.blocks();
     const restore_value<T> op{scale, scale != 1.0};
-    [[maybe_unused]] const bool fast = use_fast(e);
     const auto* values = reinterpret_cast<const T*>(p.data() + l.values_offset);
     const auto* positions = reinterpret_cast<const std::uint32_t*>(p.data() + l.positions_offset);
     switch (l.positions) {
@@ -257,18 +208,11 @@ void restore(const cuda_executor& e, const payload& p, const packed_layout& l, T
       case position_encoding::bitmask: {
         const auto* offsets =
             reinterpret_cast<const std::uint32_t*>(p.data() + l.block_offsets_offset);
-#if !DROPIT_CUDA_EMULATED
-        if (fast) {
-          expand_bitmask_kernel<<<warp_grid(blocks), fast_threads, 0, stream>>>(
-              values, positions, offsets, n, blocks, out, op);
-          rt::check_launch();
-          break;
-        }
-#endif
         call_workspace ws(e, stream);
         lease_allocator alloc(ws.lease());
         auto pol = rt::exec_policy(alloc, stream);
-        for_each_index(pol, blocks, expand_bitmask_fn<T>{values, positions, offsets, n, out, op});
+        step_launcher launch{use_fast(e), stream};
+        launch(pol, blocks, expand_bitmask_fn<T>{values, positions, offsets, n, out, op});
         break;
       }
       case position_encoding::index32: {
@@ -281,16 +225,8 @@ void restore(const cuda_executor& e, const payload& p, const packed_layout& l, T
             thrust::counting_iterator<std::uint32_t>(0), block_begin_fn{});
         thrust::lower_bound(pol, positions, positions + k, begins,
                             begins + static_cast<std::ptrdiff_t>(blocks), first);
-#if !DROPIT_CUDA_EMULATED
-        if (fast) {
-          expand_index_kernel<<<warp_grid(blocks), fast_threads, 0, stream>>>(
-              values, positions, first, n, k, blocks, out, op);
-          rt::check_launch();
-          ws.lease().give(buffer);
-          break;
-        }
-#endif
-        for_each_index(pol, blocks, expand_index_fn<T>{values, positions, first, n, k, out, op});
+        step_launcher launch{use_fast(e), stream};
+        launch(pol, blocks, expand_index_fn<T>{values, positions, first, n, k, out, op});
         ws.lease().give(buffer);
         break;
       }

@@ -1,14 +1,11 @@
 /**
  * @file kernels.cuh
- * @brief The fast path: kernels only nvcc compiles (warp ballots for mark, shared-memory
- * histograms, block-level CUB scans, the last CTA of a pass doing the pass's serial step). They
- * compute what the portable path computes, from the same step bodies, and produce the same bytes.
- *
- * Data movement per element of x (T bytes each):
- * - count_kernel: reads x once (plus the candidates again, from cache), writes 8 bytes per block
- *   of 1024 and the candidates;
- * - compact_kernel: reads x once, writes the kept values, the bitmask (1 bit) or indices;
- * - expand_*_kernel: reads the payload once, writes every output element once.
+ * @brief The fast path: kernels only nvcc compiles, for the pack steps that do work on a hit
+ * (sample, count, resolve, compact) and for restore. One warp takes a block of 1024 (lane j reads
+ * element 32 i + j of word i, so loads and stores coalesce; a ballot is a word), a block's serial
+ * step runs on the last CTA with CUB block scans. Each kernel takes the portable body's fields
+ * (portable.hpp) as its parameters and leaves the control block and the payload as that body
+ * does: the same bytes. The fallback's radix passes run the portable bodies on both paths.
  */
 #pragma once
 
@@ -16,6 +13,8 @@
 
 #if !DROPIT_CUDA_EMULATED
 
+#include <dropit/detail/cuda/plan.hpp>
+#include <dropit/detail/cuda/portable.hpp>
 #include <dropit/detail/cuda/runtime.hpp>
 #include <dropit/detail/cuda/selection.hpp>
 #include <dropit/detail/steps.hpp>
@@ -70,53 +69,156 @@ __device__ __forceinline__ std::size_t warp_block_stride() {
       std::max<std::size_t>(1, std::min<std::size_t>(wanted, std::size_t{rt::sm_count()} * 4)));
 }
 
+/// Sum over the warp's lanes, in every lane.
+__device__ __forceinline__ std::uint32_t warp_sum(std::uint32_t v) {
+  return __shfl_sync(full_warp, warp_inclusive_sum(v), 31);
+}
+
 /// True in every thread of the CTA that finished last among the grid's CTAs (after a fence, so
-/// it sees every other CTA's atomics). Resets the counter for the next pass.
+/// it sees every other CTA's writes); that CTA resets the counter for the next launch.
 __device__ __forceinline__ bool last_cta(unsigned* done) {
   __shared__ bool last;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+  if (threadIdx.x == 0) {
+    last = atomicAdd(done, 1u) == gridDim.x - 1;
+    if (last) *done = 0;
+  }
   __syncthreads();
   if (last) __threadfence();
   return last;
 }
 
-// ---- count ------------------------------------------------------------------------------------
+/// Sorts keys[0, size) (size a power of two) descending in shared memory: a bitonic network.
+template <class Key>
+__device__ void block_sort_descending(Key* keys, unsigned size) {
+  for (unsigned k = 2; k <= size; k <<= 1) {
+    for (unsigned j = k >> 1; j > 0; j >>= 1) {
+      for (unsigned i = threadIdx.x; i < size; i += blockDim.x) {
+        const unsigned partner = i ^ j;
+        if (partner > i) {
+          const Key a = keys[i], b = keys[partner];
+          if ((i & k) == 0 ? a < b : a > b) {
+            keys[i] = b;
+            keys[partner] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
 
-/// Count pass, one warp per block of 1024: ballots classify 32 keys at a time; the warp's
-/// candidates take one atomic per block. The last CTA decides.
+/// The smallest power of two >= n (n >= 1).
+__device__ __forceinline__ unsigned pow2_at_least(std::size_t n) {
+  unsigned p = 1;
+  while (p < n)
+    p <<= 1;
+  return p;
+}
+
+// ---- pack -------------------------------------------------------------------------------------
+
+inline constexpr int sample_threads = 1024;
+
+/// Step 1 on one CTA: the sampled keys, sorted in shared memory (padding keys 0 sort last and
+/// leave the ranks below `samples` as they are); thread 0 builds the control block.
 template <class P, class T, class Key>
-__global__ void __launch_bounds__(fast_threads)
-    count_kernel(P policy, const T* __restrict__ x, std::size_t n, std::size_t blocks,
-                 select_ctl<Key>* ctl, std::uint32_t* __restrict__ above,
-                 std::uint32_t* __restrict__ within, Key* __restrict__ cand_key,
-                 std::uint32_t* __restrict__ cand_index) {
+__global__ void __launch_bounds__(sample_threads) sample_kernel(sample_fn<P, T, Key> f) {
+  __shared__ Key keys[max_samples<Key>];
+  const std::size_t s = f.setup.samples;
+  const unsigned size = pow2_at_least(s);
+  for (unsigned j = threadIdx.x; j < size; j += blockDim.x) {
+    if (j < s) {
+      const std::size_t i = sample_position(j, f.setup.n, s);
+      keys[j] = f.policy.key(f.x[i], i);
+    } else {
+      keys[j] = Key{0};
+    }
+  }
+  for (unsigned d = threadIdx.x; d < histogram_bins; d += blockDim.x)
+    f.hist[d] = 0;
+  __syncthreads();
+  block_sort_descending(keys, size);
+  if (threadIdx.x == 0) setup_ctl(f.ctl, f.setup, keys);
+}
+
+/// The bucket of the candidate histogram that holds rank r (from the top), found by the CTA:
+/// suffix sums by one block scan, then `radix_picks` in every thread.
+__device__ inline bucket_pick block_pick(const unsigned long long* hist, std::size_t r) {
+  using scan = cub::BlockScan<unsigned long long, fast_threads>;
+  constexpr unsigned per = candidate_buckets / fast_threads;
+  __shared__ typename scan::TempStorage temp;
+  __shared__ unsigned pick_d;
+  __shared__ unsigned long long pick_higher, pick_count;
+  // Thread t holds digits [d0, d0 + per) with thread 0 on the top ones, so an exclusive sum in
+  // thread order counts the keys in higher buckets.
+  const unsigned d0 = (fast_threads - 1 - threadIdx.x) * per;
+  unsigned long long h[per];
+  unsigned long long mine = 0;
+#pragma unroll
+  for (unsigned j = 0; j < per; ++j) {
+    h[j] = atomic_load(const_cast<unsigned long long*>(&hist[d0 + j]));
+    mine += h[j];
+  }
+  unsigned long long above_d = 0;
+  scan(temp).ExclusiveSum(mine, above_d);
+#pragma unroll
+  for (int j = per - 1; j >= 0; --j) {
+    const unsigned long long from_d = above_d + h[j];
+    if (radix_picks(from_d, above_d, r, d0 + j)) {
+      pick_d = d0 + j;
+      pick_higher = above_d;
+      pick_count = h[j];
+    }
+    above_d = from_d;
+  }
+  __syncthreads();
+  bucket_pick p;
+  p.d = pick_d;
+  p.higher = pick_higher;
+  p.count = pick_count;
+  return p;
+}
+
+/// Step 2, one warp per block of 1024: ballots classify 32 keys at a time; the warp's candidates
+/// and staged values take one atomic per block each; the bucket histogram is per CTA in shared
+/// memory. The last CTA decides.
+template <class P, class T, class Key>
+__global__ void __launch_bounds__(fast_threads) count_kernel(count_fn<P, T, Key> f) {
   __shared__ unsigned long long cta_above[fast_warps], cta_within[fast_warps];
-  if (!ctl->counting()) return;  // the same in every CTA: only the last CTA changes the mode
+  __shared__ unsigned bins[candidate_buckets];
+  select_ctl<Key>* ctl = f.ctl;
+  if (ctl->mode != mode_count) return;  // the same in every CTA: only the last CTA changes it
   const Key lo = ctl->lo, hi = ctl->hi;
-  const bool collect = lo != hi;
+  const bool collect = ctl->collecting();
   const unsigned parts = ctl->parts;
   const std::size_t part_cap = ctl->part_cap;
+  const std::size_t stage_cap = ctl->stage_cap;
+  const std::size_t n = f.n;
+  const std::size_t total_words = (n + word_elements - 1) / word_elements;
+  for (unsigned d = threadIdx.x; d < candidate_buckets; d += blockDim.x)
+    bins[d] = 0;
+  __syncthreads();
   const unsigned lane = lane_id();
   unsigned long long warp_above = 0, warp_within = 0;
-  for (std::size_t b = first_warp_block(); b < blocks; b += warp_block_stride()) {
+  for (std::size_t b = first_warp_block(); b < f.blocks; b += warp_block_stride()) {
     const std::size_t base = b * block_elements;
-    std::uint32_t my_mask = 0, a = 0, w = 0;
+    std::uint32_t my_within = 0, my_ge = 0, a = 0, w = 0;
 #pragma unroll 1
     for (unsigned i0 = 0; i0 < 32; i0 += 8) {
       T v[8];
 #pragma unroll
       for (unsigned u = 0; u < 8; ++u) {
         const std::size_t e = base + (i0 + u) * 32 + lane;
-        v[u] = e < n ? x[e] : T{};
+        v[u] = e < n ? f.x[e] : T{};
       }
 #pragma unroll
       for (unsigned u = 0; u < 8; ++u) {
         const std::size_t e = base + (i0 + u) * 32 + lane;
         bool is_above = false, is_within = false;
         if (e < n) {
-          const Key key = policy.key(v[u], e);
+          const Key key = f.policy.key(v[u], e);
           is_above = key > hi;
           is_within = !is_above && key >= lo;
         }
@@ -124,30 +226,48 @@ __global__ void __launch_bounds__(fast_threads)
         const std::uint32_t mw = __ballot_sync(full_warp, is_within);
         a += static_cast<std::uint32_t>(__popc(ma));
         w += static_cast<std::uint32_t>(__popc(mw));
-        if (lane == i0 + u) my_mask = mw;
+        if (lane == i0 + u) {
+          my_within = mw;
+          my_ge = ma | mw;
+        }
       }
     }
-    if (lane == 0) {
-      above[b] = a;
-      within[b] = w;
-    }
+    const std::size_t my_word = b * 32 + lane;
+    if (lane == 0) f.cells[b].flag = lookback_cell::flag_none;
+    if (f.stage != nullptr && my_word < total_words) f.ge_words[my_word] = my_ge;
     warp_above += a;
     warp_within += w;
+    const std::size_t e0 = base + lane * 32;
     if (collect && w != 0) {
       const std::size_t p = b % parts;
-      const auto c = static_cast<std::uint32_t>(__popc(my_mask));
+      const auto c = static_cast<std::uint32_t>(__popc(my_within));
       const std::uint32_t before = warp_inclusive_sum(c) - c;
       unsigned long long start = 0;
       if (lane == 0) start = atomicAdd(&ctl->part_count[p], static_cast<unsigned long long>(w));
       start = __shfl_sync(full_warp, start, 0);
       std::size_t slot = static_cast<std::size_t>(start) + before;
-      Key* keys = cand_key + p * part_cap;
-      std::uint32_t* index = cand_index + p * part_cap;
-      const std::size_t e0 = base + lane * 32;
-      for (std::uint32_t m = my_mask; m != 0 && slot < part_cap; m &= m - 1, ++slot) {
+      Key* keys = f.cand_key + p * part_cap;
+      std::uint32_t* index = f.cand_index + p * part_cap;
+      for (std::uint32_t m = my_within; m != 0 && slot < part_cap; m &= m - 1, ++slot) {
         const std::size_t e = e0 + static_cast<std::size_t>(__ffs(static_cast<int>(m)) - 1);
-        keys[slot] = policy.key(x[e], e);
+        const Key key = f.policy.key(f.x[e], e);
+        keys[slot] = key;
         index[slot] = static_cast<std::uint32_t>(e);
+        atomicAdd(&bins[ctl->bucket_of(key)], 1u);
+      }
+    }
+    if (f.stage != nullptr) {
+      const std::uint32_t s = a + w;
+      unsigned long long at = 0;
+      if (lane == 0) at = atomicAdd(&ctl->stage_used, static_cast<unsigned long long>(s));
+      at = __shfl_sync(full_warp, at, 0);
+      const bool fits = at + s <= stage_cap;
+      if (lane == 0) f.stage_at[b] = fits ? static_cast<std::uint32_t>(at) : not_staged;
+      if (fits) {
+        const auto c = static_cast<std::uint32_t>(__popc(my_ge));
+        std::size_t to = static_cast<std::size_t>(at) + warp_inclusive_sum(c) - c;
+        for (std::uint32_t m = my_ge; m != 0; m &= m - 1)
+          f.stage[to++] = f.x[e0 + static_cast<std::size_t>(__ffs(static_cast<int>(m)) - 1)];
       }
     }
   }
@@ -165,159 +285,180 @@ __global__ void __launch_bounds__(fast_threads)
     if (ta != 0) atomicAdd(&ctl->above_total, ta);
     if (tw != 0) atomicAdd(&ctl->within_total, tw);
   }
+  for (unsigned d = threadIdx.x; d < candidate_buckets; d += blockDim.x) {
+    if (bins[d] != 0) atomicAdd(&f.hist[d], static_cast<unsigned long long>(bins[d]));
+  }
   if (!last_cta(&ctl->done)) return;
   bool fits = true;
   for (unsigned p = threadIdx.x; p < parts; p += blockDim.x)
     fits = fits && atomic_load(&ctl->part_count[p]) <= part_cap;
   fits = __syncthreads_and(fits) != 0;
+  const unsigned long long above = atomic_load(&ctl->above_total);
+  const unsigned long long within = atomic_load(&ctl->within_total);
+  const bucket_pick pick = block_pick(f.hist, ctl->rank_below_hi(above));
   if (threadIdx.x == 0) {
-    ctl->decide(atomic_load(&ctl->above_total), atomic_load(&ctl->within_total), fits);
-    ctl->done = 0;
+    ctl->decide(above, within, fits, pick);
+    ctl->worked |= step_count;
+    ++ctl->x_passes;
   }
 }
 
-// ---- radix passes -------------------------------------------------------------------------
-
-/**
- * The last CTA's step of a radix pass: suffix sums over the 2048 bins (one CUB block scan) find
- * the bucket `radix_state::advance` would pick; then the state advances and the histogram clears.
- */
-template <class Src, class Key>
-__device__ void block_advance(select_ctl<Key>* ctl, unsigned long long* hist, bool last) {
-  using scan = cub::BlockScan<unsigned long long, fast_threads>;
-  constexpr unsigned per = radix_bins / fast_threads;
-  __shared__ typename scan::TempStorage temp;
-  __shared__ unsigned pick;
-  __shared__ unsigned long long pick_above, pick_bucket;
-  auto& s = Src::state(*ctl);
-  const std::size_t rank = s.rank;
-  // Thread t holds digits [d0, d0 + per) with thread 0 on the top ones, so an exclusive sum in
-  // thread order counts the keys with a larger digit.
-  const unsigned d0 = (fast_threads - 1 - threadIdx.x) * per;
-  unsigned long long h[per];
-  unsigned long long mine = 0;
-#pragma unroll
-  for (unsigned j = 0; j < per; ++j) {
-    h[j] = atomic_load(&hist[d0 + j]);
-    mine += h[j];
-  }
-  unsigned long long above_d = 0;
-  scan(temp).ExclusiveSum(mine, above_d);
-#pragma unroll
-  for (int j = per - 1; j >= 0; --j) {
-    const unsigned long long from_d = above_d + h[j];
-    if (radix_picks(from_d, above_d, rank, d0 + j)) {
-      pick = d0 + j;
-      pick_above = above_d;
-      pick_bucket = h[j];
-    }
-    above_d = from_d;
-  }
-  __syncthreads();
-  for (unsigned d = threadIdx.x; d < radix_bins; d += blockDim.x)
-    hist[d] = 0;
-  if (threadIdx.x == 0) {
-    radix_advance_to(s, pick, pick_above, pick_bucket);
-    if (last) Src::finish(*ctl);
-    ctl->done = 0;
-  }
-}
-
-/// One radix pass over a source: shared-memory histogram per CTA, merged into `hist`; the last
-/// CTA advances the state.
-template <class Src, class Key>
-__global__ void __launch_bounds__(fast_threads)
-    radix_pass_kernel(Src src, select_ctl<Key>* ctl, unsigned long long* hist, bool last) {
-  __shared__ unsigned bins[radix_bins];
-  if (!Src::active(*ctl)) return;
-  const auto s = Src::state(*ctl);
-  for (unsigned d = threadIdx.x; d < radix_bins; d += blockDim.x)
-    bins[d] = 0;
-  __syncthreads();
-  const std::size_t items = src.items();
+/// Step 4, grid-stride over the candidate slots: the chosen bucket's keys into the small buffer;
+/// the last CTA sorts them in shared memory and sets the threshold.
+template <class Key>
+__global__ void __launch_bounds__(fast_threads) resolve_kernel(resolve_fn<Key> f) {
+  __shared__ Key keys[max_samples<Key>];
+  __shared__ unsigned greater;
+  select_ctl<Key>* ctl = f.ctl;
+  if (ctl->mode != mode_resolve) return;
+  const std::size_t part_cap = ctl->part_cap;
+  const unsigned bucket = ctl->bucket;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
-       i += stride) {
-    typename Src::key_type key;
-    if (src.get(*ctl, i, key) && s.matches(key)) atomicAdd(&bins[s.digit(key)], 1u);
-  }
-  __syncthreads();
-  for (unsigned d = threadIdx.x; d < radix_bins; d += blockDim.x) {
-    if (bins[d] != 0) atomicAdd(&hist[d], static_cast<unsigned long long>(bins[d]));
+  for (std::size_t j = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       j < f.slots; j += stride) {
+    const std::size_t p = j / part_cap;
+    if (j - p * part_cap < ctl->part_count[p] && ctl->bucket_of(f.cand_key[j]) == bucket)
+      f.small[atomicAdd(&ctl->small_count, 1ull)] = f.cand_key[j];
   }
   if (!last_cta(&ctl->done)) return;
-  block_advance<Src>(ctl, hist, last);
-}
-
-// ---- ties -------------------------------------------------------------------------------------
-
-/// ties mode: one CTA of 1024 threads scans the block that holds the last kept tie.
-template <class P, class T, class Key>
-__global__ void __launch_bounds__(1024)
-    ties_kernel(P policy, const T* __restrict__ x, std::size_t n, std::size_t blocks,
-                select_ctl<Key>* ctl, const std::uint32_t* __restrict__ within_prefix) {
-  using scan = cub::BlockScan<unsigned, 1024>;
-  __shared__ typename scan::TempStorage temp;
-  __shared__ std::size_t block, need;
-  if (ctl->mode != mode_ties) return;
-  if (threadIdx.x == 0) {
-    block = block_reaching(within_prefix, blocks, ctl->ties_kept);
-    need = ctl->ties_kept - (block == 0 ? 0 : within_prefix[block - 1]);
-  }
+  const auto m = static_cast<std::size_t>(atomic_load(&ctl->small_count));
+  const unsigned size = pow2_at_least(m);
+  for (unsigned i = threadIdx.x; i < size; i += blockDim.x)
+    keys[i] = i < m ? f.small[i] : Key{0};
+  if (threadIdx.x == 0) greater = 0;
   __syncthreads();
-  const std::size_t i = block * block_elements + threadIdx.x;
-  const unsigned tie = i < n && policy.key(x[i], i) == ctl->th.t ? 1u : 0u;
-  unsigned seen = 0;
-  scan(temp).InclusiveSum(tie, seen);
-  if (tie != 0 && seen == need) {
-    ctl->th.cut = i + 1;
-    ctl->cut_block = block;
-    ctl->cut_block_ties = need;
+  block_sort_descending(keys, size);
+  const std::size_t rank = ctl->bucket_rank;
+  const Key t = keys[rank - 1];
+  unsigned mine = 0;
+  for (std::size_t i = threadIdx.x; i + 1 < rank; i += blockDim.x)
+    mine += keys[i] > t ? 1u : 0u;
+  if (mine != 0) atomicAdd(&greater, mine);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ctl->finish(t, rank - greater, path_candidates);
+    ctl->worked |= step_resolve;
   }
 }
 
-// ---- compact ----------------------------------------------------------------------------------
-
-/// Mark + compact, one warp per block of 1024: lane j marks element 32 i + j of word i, the
-/// ballot is the word, and each kept value goes to its rank among the word's kept lanes.
-template <bool Bitmask, class P, class T, class Key>
-__global__ void __launch_bounds__(fast_threads)
-    compact_kernel(P policy, const T* __restrict__ x, std::size_t n, std::size_t blocks,
-                   const select_ctl<Key>* ctl, const std::uint32_t* __restrict__ block_start,
-                   T* __restrict__ values, std::uint32_t* __restrict__ positions) {
-  const threshold<Key> th = ctl->th;
-  const std::size_t words = (n + word_elements - 1) / word_elements;
+/**
+ * Step 5, one warp per block, blocks taken by ticket in index order: lane i classifies word i
+ * (from the stage, or by ballots over x), lane 0 runs the look-back, the ties the rank allows go
+ * to the lowest-indexed tie bits, and each lane writes its word's kept values at its offset.
+ */
+template <class P, class T, class Key>
+__global__ void __launch_bounds__(fast_threads) compact_kernel(compact_fn<P, T, Key> f) {
+  __shared__ unsigned cta_read_x;
+  select_ctl<Key>* ctl = f.ctl;
+  if (ctl->mode != mode_final) return;
+  if (threadIdx.x == 0) cta_read_x = 0;
+  __syncthreads();
+  const Key t = ctl->t;
+  const std::size_t ties_kept = ctl->ties_kept;
+  const bool from_guess = ctl->path != path_fallback;
+  const std::size_t n = f.n;
+  const std::size_t total_words = (n + word_elements - 1) / word_elements;
   const unsigned lane = lane_id();
-  for (std::size_t b = first_warp_block(); b < blocks; b += warp_block_stride()) {
+  bool read_x = false;
+  for (;;) {
+    unsigned long long ticket = 0;
+    if (lane == 0) ticket = atomicAdd(&ctl->ticket, 1ull);
+    const auto b = static_cast<std::size_t>(__shfl_sync(full_warp, ticket, 0));
+    if (b >= f.blocks) break;
     const std::size_t base = b * block_elements;
-    std::uint32_t at = block_start[b];
-    std::uint32_t my_word = 0;
+    const std::size_t my_word = b * 32 + lane;
+    const std::size_t e0 = base + lane * 32;
+    const bool staged = f.stage != nullptr && from_guess && f.stage_at[b] != not_staged;
+    std::uint32_t gt = 0, tie = 0, ge = 0;
+    std::size_t from = 0;  // the lane's first staged value
+    if (staged) {
+      ge = my_word < total_words ? f.ge_words[my_word] : 0u;
+      const auto c = static_cast<std::uint32_t>(__popc(ge));
+      from = f.stage_at[b] + warp_inclusive_sum(c) - c;
+      std::size_t s = from;
+      for (std::uint32_t m = ge; m != 0; m &= m - 1) {
+        const auto j = static_cast<unsigned>(__ffs(static_cast<int>(m)) - 1);
+        const Key key = f.policy.key(f.stage[s++], e0 + j);
+        gt |= static_cast<std::uint32_t>(key > t) << j;
+        tie |= static_cast<std::uint32_t>(key == t) << j;
+      }
+    } else {
+      read_x = true;
 #pragma unroll 1
-    for (unsigned i0 = 0; i0 < 32; i0 += 8) {
-      T v[8];
+      for (unsigned i0 = 0; i0 < 32; i0 += 8) {
+        T v[8];
 #pragma unroll
-      for (unsigned u = 0; u < 8; ++u) {
-        const std::size_t e = base + (i0 + u) * 32 + lane;
-        v[u] = e < n ? x[e] : T{};
-      }
-#pragma unroll
-      for (unsigned u = 0; u < 8; ++u) {
-        const std::size_t e = base + (i0 + u) * 32 + lane;
-        const bool keep = e < n && th.keeps(policy.key(v[u], e), e);
-        const std::uint32_t m = __ballot_sync(full_warp, keep);
-        if (lane == i0 + u) my_word = m;
-        if (keep) {
-          const std::uint32_t r = at + static_cast<std::uint32_t>(__popc(m & lanes_below()));
-          values[r] = v[u];
-          if constexpr (!Bitmask) positions[r] = static_cast<std::uint32_t>(e);
+        for (unsigned u = 0; u < 8; ++u) {
+          const std::size_t e = base + (i0 + u) * 32 + lane;
+          v[u] = e < n ? f.x[e] : T{};
         }
-        at += static_cast<std::uint32_t>(__popc(m));
+#pragma unroll
+        for (unsigned u = 0; u < 8; ++u) {
+          const std::size_t e = base + (i0 + u) * 32 + lane;
+          const Key key = f.policy.key(v[u], e);
+          const std::uint32_t mg = __ballot_sync(full_warp, e < n && key > t);
+          const std::uint32_t mt = __ballot_sync(full_warp, e < n && key == t);
+          if (lane == i0 + u) {
+            gt = mg;
+            tie = mt;
+          }
+        }
       }
     }
-    if constexpr (Bitmask) {
-      const std::size_t w = b * 32 + lane;
-      if (w < words) positions[w] = my_word;
+    const auto my_ties = static_cast<std::uint32_t>(__popc(tie));
+    const std::uint32_t above = warp_sum(static_cast<std::uint32_t>(__popc(gt)));
+    const std::uint32_t ties_upto_me = warp_inclusive_sum(my_ties);
+    const std::uint32_t ties = __shfl_sync(full_warp, ties_upto_me, 31);
+    block_prefix before;
+    if (lane == 0) {
+      lookback_publish(f.cells, b, above, ties);
+      before = lookback_resolve(f.cells, b, above, ties);
     }
+    before.above = __shfl_sync(full_warp, before.above, 0);
+    before.ties = __shfl_sync(full_warp, before.ties, 0);
+    // The ties this block keeps are its first `allowed`: lane i keeps those of its word that
+    // come before that count.
+    const std::uint32_t allowed = ties_in_block(ties_kept, before.ties, ties);
+    const std::uint32_t ties_before_me = ties_upto_me - my_ties;
+    std::uint32_t keep = allowed > ties_before_me ? allowed - ties_before_me : 0u;
+    std::uint32_t kept = gt;
+    for (std::uint32_t m = tie; m != 0 && keep != 0; m &= m - 1, --keep)
+      kept |= m & (~m + 1u);
+    const auto count = static_cast<std::uint32_t>(__popc(kept));
+    const std::size_t start =
+        before.above + (before.ties < ties_kept ? before.ties : static_cast<std::uint32_t>(ties_kept));
+    std::size_t at = start + warp_inclusive_sum(count) - count;
+    if (f.words != nullptr) {
+      if (my_word < total_words) f.words[my_word] = kept;
+      if (lane == 0) f.offsets[b] = static_cast<std::uint32_t>(start);
+    }
+    if (staged) {
+      std::size_t s = from;
+      for (std::uint32_t m = ge; m != 0; m &= m - 1) {
+        const auto j = static_cast<unsigned>(__ffs(static_cast<int>(m)) - 1);
+        const T v = f.stage[s++];
+        if ((kept >> j & 1u) == 0) continue;
+        f.values[at] = v;
+        if (f.index != nullptr) f.index[at] = static_cast<std::uint32_t>(e0 + j);
+        ++at;
+      }
+    } else {
+      for (std::uint32_t m = kept; m != 0; m &= m - 1) {
+        const std::size_t e = e0 + static_cast<std::size_t>(__ffs(static_cast<int>(m)) - 1);
+        f.values[at] = f.x[e];
+        if (f.index != nullptr) f.index[at] = static_cast<std::uint32_t>(e);
+        ++at;
+      }
+    }
+  }
+  if (read_x) atomicOr(&cta_read_x, 1u);
+  __syncthreads();
+  if (threadIdx.x == 0 && cta_read_x != 0) atomicAdd(&ctl->read_x, 1u);
+  if (!last_cta(&ctl->done)) return;
+  if (threadIdx.x == 0) {
+    zero_gaps(f.payload, f.gaps);
+    ctl->worked |= step_compact;
+    if (atomic_load(&ctl->read_x) != 0) ++ctl->x_passes;
   }
 }
 
@@ -386,6 +527,55 @@ __global__ void __launch_bounds__(fast_threads)
     expand_warp(values, m, f + warp_inclusive_sum(c) - c, base, n, out, op);
   }
 }
+
+// ---- the steps that have a fast kernel ----------------------------------------------------
+
+template <class P, class T, class Key>
+struct fast_kernel<sample_fn<P, T, Key>> {
+  static constexpr bool exists = true;
+  static void launch(const sample_fn<P, T, Key>& f, cudaStream_t stream) {
+    sample_kernel<<<1, sample_threads, 0, stream>>>(f);
+  }
+};
+template <class P, class T, class Key>
+struct fast_kernel<count_fn<P, T, Key>> {
+  static constexpr bool exists = true;
+  static void launch(const count_fn<P, T, Key>& f, cudaStream_t stream) {
+    count_kernel<<<warp_grid(f.blocks), fast_threads, 0, stream>>>(f);
+  }
+};
+template <class Key>
+struct fast_kernel<resolve_fn<Key>> {
+  static constexpr bool exists = true;
+  static void launch(const resolve_fn<Key>& f, cudaStream_t stream) {
+    resolve_kernel<<<item_grid(f.slots), fast_threads, 0, stream>>>(f);
+  }
+};
+template <class T>
+struct fast_kernel<expand_bitmask_fn<T>> {
+  static constexpr bool exists = true;
+  static void launch(const expand_bitmask_fn<T>& f, cudaStream_t stream) {
+    const std::size_t blocks = (f.n + block_elements - 1) / block_elements;
+    expand_bitmask_kernel<<<warp_grid(blocks), fast_threads, 0, stream>>>(
+        f.values, f.words, f.offsets, f.n, blocks, f.out, f.op);
+  }
+};
+template <class T>
+struct fast_kernel<expand_index_fn<T>> {
+  static constexpr bool exists = true;
+  static void launch(const expand_index_fn<T>& f, cudaStream_t stream) {
+    const std::size_t blocks = (f.n + block_elements - 1) / block_elements;
+    expand_index_kernel<<<warp_grid(blocks), fast_threads, 0, stream>>>(
+        f.values, f.index, f.first, f.n, f.k, blocks, f.out, f.op);
+  }
+};
+template <class P, class T, class Key>
+struct fast_kernel<compact_fn<P, T, Key>> {
+  static constexpr bool exists = true;
+  static void launch(const compact_fn<P, T, Key>& f, cudaStream_t stream) {
+    compact_kernel<<<warp_grid(f.blocks), fast_threads, 0, stream>>>(f);
+  }
+};
 
 }  // namespace dropit::detail::dev
 

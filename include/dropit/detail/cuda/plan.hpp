@@ -1,7 +1,7 @@
 /**
  * @file plan.hpp
- * @brief Host-side sizing of a device pack: sample size, guessed sample ranks, candidate
- * capacity, and the carving of one workspace buffer into the pack's temporaries.
+ * @brief Host-side sizing of a device pack: sample size, guessed sample ranks, candidate and
+ * resolve-buffer capacity, and the carving of one workspace buffer into the pack's temporaries.
  */
 #pragma once
 
@@ -16,12 +16,24 @@ namespace dropit::detail::dev {
 /// Knobs of the device selection; the defaults are what the executor uses. Tests turn them to
 /// reach every way the selection resolves.
 struct select_tuning {
-  std::size_t sample = 0;       ///< sampled keys; 0: automatic (all of x up to 2^16)
+  std::size_t sample = 0;       ///< sampled keys, at most max_samples; 0: that many
   std::size_t capacity = 0;     ///< candidate slots; 0: automatic
   double margin = 4.0;          ///< half-width of the guessed range, in standard deviations
   bool force_fallback = false;  ///< ignore the guess: exact radix select over x
   void* ctl_copy = nullptr;     ///< tests: device memory that receives the final control block
+  unsigned* launches = nullptr;  ///< tests, benchmarks: receives the launches of the pack
+  int staging = -1;              ///< -1: automatic, 0: never, 1: whenever there are candidates
+  std::size_t stage_capacity = 0;  ///< staged values; 0: automatic
 };
+
+/// The count pass stages while the staged values are a small part of x (as on the host: at
+/// gamma = 0.5 writing and reading half of x costs as much as reading it again).
+inline constexpr double max_device_staged_fraction = 0.3;
+
+/// Keys the sample step sorts: 8192 (4096 of 8-byte keys), what one block's shared memory holds
+/// on the fast path.
+template <class Key>
+inline constexpr std::size_t max_samples = sizeof(Key) <= 4 ? 8192 : 4096;
 
 /// What the host decides before any work: all of it follows from n, k and the tuning.
 struct select_plan {
@@ -30,16 +42,16 @@ struct select_plan {
   long long lo_rank = 0;  ///< rank of lo (>= samples: key 0)
   unsigned parts = 1;
   std::size_t part_cap = 1;
-  std::size_t capacity = 1;  ///< parts * part_cap candidate slots
+  std::size_t capacity = 1;   ///< parts * part_cap candidate slots
+  std::size_t small_cap = 1;  ///< slots of the resolve buffer (one bucket's keys)
+  std::size_t stage_cap = 0;  ///< staged values; 0: none
 };
 
-[[nodiscard]] inline select_plan plan_select(std::size_t n, std::size_t k, std::size_t blocks,
-                                             const select_tuning& t) {
+template <class Key>
+[[nodiscard]] select_plan plan_select(std::size_t n, std::size_t k, std::size_t blocks,
+                                      const select_tuning& t) {
   select_plan p;
-  const std::size_t automatic = n <= (std::size_t{1} << 16)  ? n
-                                : n < (std::size_t{1} << 22) ? std::size_t{1} << 16
-                                                             : std::size_t{1} << 18;
-  p.samples = std::min(n, t.sample != 0 ? t.sample : automatic);
+  p.samples = std::min({n, t.sample != 0 ? t.sample : max_samples<Key>, max_samples<Key>});
   std::size_t capacity = 0;
   if (p.samples == n) {
     p.hi_rank = p.lo_rank = static_cast<long long>(k) - 1;  // exact: lo == hi == the k-th key
@@ -59,6 +71,17 @@ struct select_plan {
       static_cast<unsigned>(std::min<std::size_t>(max_parts, std::max<std::size_t>(1, blocks)));
   p.part_cap = std::max<std::size_t>(1, (capacity + p.parts - 1) / p.parts);
   p.capacity = p.parts * p.part_cap;
+  p.small_cap = std::min(p.capacity, max_samples<Key>);
+  // The stage: every key at or above lo, about k + the candidates.
+  const bool exact = p.samples == n;
+  const double staged = static_cast<double>(k) + (exact ? 0.0 : static_cast<double>(capacity) / 2);
+  const bool stage = t.staging == 1 ||
+                     (t.staging == -1 && staged <= max_device_staged_fraction * static_cast<double>(n));
+  if (stage) {
+    p.stage_cap = t.stage_capacity != 0
+                      ? std::min(n, t.stage_capacity)
+                      : std::min(n, static_cast<std::size_t>(1.1 * staged) + 4096);
+  }
   return p;
 }
 
@@ -81,31 +104,32 @@ class carver {
 };
 
 /// The temporaries of one pack.
-template <class Key>
+template <class Key, class T>
 struct pack_temps {
   select_ctl<Key>* ctl;
-  unsigned long long* hist;
-  std::uint32_t* above;
-  std::uint32_t* within;
-  std::uint32_t* within_prefix;
-  std::uint32_t* kept;
-  std::uint32_t* block_start;  ///< index-list encoding only (the bitmask's go to the payload)
+  unsigned long long* hist;  ///< the candidate buckets, then the radix bins
+  lookback_cell* cells;
   Key* sample;
   Key* cand_key;
   std::uint32_t* cand_index;
+  Key* small;
+  T* stage;                  ///< null when the plan stages nothing
+  std::uint32_t* stage_at;   ///< per block: its first staged value, or not_staged
+  std::uint32_t* ge_words;   ///< per word: which elements have a key >= lo (were staged)
 
-  static pack_temps carve(carver& c, std::size_t blocks, const select_plan& p, bool index_list) {
+  static pack_temps carve(carver& c, std::size_t n, std::size_t blocks, const select_plan& p) {
     pack_temps t;
     t.ctl = c.take<select_ctl<Key>>(1);
-    t.hist = c.take<unsigned long long>(radix_bins);
-    t.above = c.take<std::uint32_t>(blocks);
-    t.within = c.take<std::uint32_t>(blocks);
-    t.within_prefix = c.take<std::uint32_t>(blocks);
-    t.kept = c.take<std::uint32_t>(blocks);
-    t.block_start = index_list ? c.take<std::uint32_t>(blocks) : nullptr;
+    t.hist = c.take<unsigned long long>(histogram_bins);
+    t.cells = c.take<lookback_cell>(blocks);
     t.sample = c.take<Key>(p.samples);
     t.cand_key = c.take<Key>(p.capacity);
     t.cand_index = c.take<std::uint32_t>(p.capacity);
+    t.small = c.take<Key>(p.small_cap);
+    const bool stage = p.stage_cap != 0;
+    t.stage = stage ? c.take<T>(p.stage_cap) : nullptr;
+    t.stage_at = stage ? c.take<std::uint32_t>(blocks) : nullptr;
+    t.ge_words = stage ? c.take<std::uint32_t>((n + word_elements - 1) / word_elements) : nullptr;
     return t;
   }
 };

@@ -71,10 +71,7 @@ template <class Key>
   return {gt, ge};
 }
 
-/// Random's key, as policy.hpp defines it: the top half of mix64(salt + index * golden).
-inline constexpr std::uint64_t random_golden = 0x9e3779b97f4a7c15ull;
-inline constexpr std::uint64_t mix64_m1 = 0xbf58476d1ce4e5b9ull;
-inline constexpr std::uint64_t mix64_m2 = 0x94d049bb133111ebull;
+/// Random's key is the top half of mix64(salt + index * random_golden) (policy.hpp's constants):
 /// j * random_golden mod 2^64, as a vector lane.
 [[nodiscard]] constexpr long long golden_times(unsigned j) noexcept {
   return static_cast<long long>(random_golden * j);

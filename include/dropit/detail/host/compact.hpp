@@ -4,7 +4,7 @@
  * read of x) and expand step (restore), per range of blocks, so that every worker writes a
  * disjoint part of the payload or the output.
  *
- * The bytes are those of the shared steps (steps.hpp: mark_word, compact_word, expand_word): bit j
+ * The bytes are the format's (format.hpp; steps.hpp's expand_word restores one word): bit j
  * of word w set when element 32 w + j is kept, the kept values in index order, block offsets =
  * kept count before each block. With AVX-512 a word is compacted (expanded) sixteen elements at a
  * time by the compress (expand) instructions; with AVX2 eight at a time by a table-driven
