@@ -34,6 +34,7 @@
 #include <memory>
 #include <memory_resource>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -109,10 +110,24 @@ dropit::host_executor executor(bool caching = true) {
                                .resource = caching ? &pool() : std::pmr::new_delete_resource()};
 }
 
-/// A dense output buffer whose pages are already mapped.
+/// 64-byte aligned storage, as a framework's tensors have (LibTorch's CPU allocator aligns to 64).
 template <class T>
-std::vector<T> output(std::size_t n) {
-  return std::vector<T>(n, T(0.0f));
+struct aligned64 {
+  using value_type = T;
+  aligned64() = default;
+  template <class U>
+  explicit aligned64(const aligned64<U>&) noexcept {}
+  T* allocate(std::size_t count) {
+    return static_cast<T*>(::operator new(count * sizeof(T), std::align_val_t(64)));
+  }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t(64)); }
+  friend bool operator==(const aligned64&, const aligned64&) noexcept { return true; }
+};
+
+/// A dense, 64-byte aligned output buffer whose pages are already mapped.
+template <class T>
+std::vector<T, aligned64<T>> output(std::size_t n) {
+  return std::vector<T, aligned64<T>>(n, T(0.0f));
 }
 
 void finish(benchmark::State& state, std::size_t n, std::size_t elem, double payload_bytes) {
@@ -224,6 +239,24 @@ void bench_restore(benchmark::State& state, P policy) {
     benchmark::ClobberMemory();
   }
   finish(state, n, sizeof(T), static_cast<double>(cache.bytes()));
+}
+
+/// The restore with ordinary stores only (no non-temporal stores for a large aligned output),
+/// measured next to `restore/` in the same run.
+template <class T, class P>
+void bench_restore_no_stream(benchmark::State& state, P policy) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto exec = executor();
+  const auto layout = dropit::make_layout(n, policy.kept(n), sizeof(T));
+  const auto p = dropit::detail::host_pack(policy, input<T>(n).data(), layout,
+                                           exec.thread_count(n), exec.memory_resource());
+  auto out = output<T>(n);
+  for (auto _ : state) {
+    dropit::detail::host_restore(p, layout, out.data(), 1.0, exec.thread_count(n), 0);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  finish(state, n, sizeof(T), static_cast<double>(layout.total_bytes));
 }
 
 /// Pack / restore on exactly t threads, below and above the executor's parallel threshold.
@@ -451,6 +484,8 @@ void register_size(const std::string& type, std::int64_t n) {
       [](benchmark::State& st) { bench_pack<T>(st, dropit::MinK<0.9>{}, false); });
   add("pack_two_pass/MinK/0.9/" + type,
       [](benchmark::State& st) { bench_pack_two_pass<T>(st, dropit::MinK<0.9>{}); });
+  add("restore_no_stream/MinK/0.9/" + type,
+      [](benchmark::State& st) { bench_restore_no_stream<T>(st, dropit::MinK<0.9>{}); });
 }
 
 /// Training-sized packs (saved layer inputs of 1e5 to 2e6 elements) through the executor.

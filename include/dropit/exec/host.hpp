@@ -29,7 +29,9 @@ namespace dropit {
  * that cannot be started (no memory, no thread) leaves its chunks to those that run. Inputs below
  * `parallel_threshold` elements take the single-thread path. Every call is synchronous: it
  * returns when the payload or the output is complete. The vector kernels are chosen at run time
- * (SSE2, AVX2 or AVX-512 on x86-64); no compiler flag is needed.
+ * (SSE2, AVX2 or AVX-512 on x86-64); no compiler flag is needed. Inputs larger than half the
+ * last-level cache are read once by a pack (the kept values are staged during the counting pass),
+ * and a restore into a 64-byte aligned output of that size writes with non-temporal stores.
  *
  * The memory resource supplies the payload (the bytes `SparseCache::bytes()` reports), so a
  * framework's allocator can own and count it; it must outlive every cache packed with it.

@@ -199,9 +199,20 @@ inline const T* expand_word_scalar(const T* v, std::uint32_t m, T* o, std::size_
 }
 
 #if DROPIT_HOST_X86
+/// Stores a vector: non-temporal (at must be 64-byte aligned) or ordinary.
+template <bool Stream, class T>
+DROPIT_TARGET_AVX512 inline void store_avx512(T* at, __m512i value) noexcept {
+  if constexpr (Stream) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(at), value);
+  } else {
+    _mm512_storeu_si512(at, value);
+  }
+}
+
 /// AVX-512, 4- and 8-byte elements: restores full words [w0, w1) (values unscaled); returns the
-/// values not yet used.
-template <class T>
+/// values not yet used. `Stream`: the output is 64-byte aligned and written with non-temporal
+/// stores (no read for ownership of lines that will not stay in the cache anyway).
+template <bool Stream, class T>
 DROPIT_TARGET_AVX512 const T* expand_words_avx512(const T* v, const std::uint32_t* words,
                                                   std::size_t w0, std::size_t w1, T* out) noexcept {
   for (std::size_t w = w0; w < w1; ++w) {
@@ -212,7 +223,7 @@ DROPIT_TARGET_AVX512 const T* expand_words_avx512(const T* v, const std::uint32_
         const auto mh = static_cast<__mmask16>(m >> (16 * h));
         const int count = __builtin_popcount(mh);
         const __m512i src = _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << count) - 1u), v);
-        _mm512_storeu_si512(o + 16 * h, _mm512_maskz_expand_epi32(mh, src));
+        store_avx512<Stream>(o + 16 * h, _mm512_maskz_expand_epi32(mh, src));
         v += count;
       }
     } else {
@@ -221,7 +232,7 @@ DROPIT_TARGET_AVX512 const T* expand_words_avx512(const T* v, const std::uint32_
         const auto mq = static_cast<__mmask8>(m >> (8 * q));
         const int count = __builtin_popcount(mq);
         const __m512i src = _mm512_maskz_loadu_epi64(static_cast<__mmask8>((1u << count) - 1u), v);
-        _mm512_storeu_si512(o + 8 * q, _mm512_maskz_expand_epi64(mq, src));
+        store_avx512<Stream>(o + 8 * q, _mm512_maskz_expand_epi64(mq, src));
         v += count;
       }
     }
@@ -262,11 +273,23 @@ DROPIT_TARGET_AVX2 const T* expand_words_avx2(const T* v, const T* end, const st
 }
 #endif
 
-/// Restores blocks [b0, b1) from the bitmask encoding; k values in all.
+/// Whether a restore into out (n elements) writes with non-temporal stores: with AVX-512, when
+/// out is 64-byte aligned and at least half the last-level cache (it would not stay there, and
+/// ordinary stores read every line first).
+/// `any_size`: the size condition is waived (tests).
+template <class T>
+[[nodiscard]] bool host_stream_output(const T* out, std::size_t n, host_isa isa,
+                                      bool any_size = false) noexcept {
+  return isa == host_isa::avx512 && reinterpret_cast<std::uintptr_t>(out) % 64 == 0 &&
+         (any_size || n * sizeof(T) >= host_llc_bytes() / 2);
+}
+
+/// Restores blocks [b0, b1) from the bitmask encoding; k values in all. `stream`: see
+/// host_stream_output (the caller's fence is not needed: this call ends with one).
 template <class T, class Offset>
 void host_expand_bitmask(const T* values, std::size_t k, const std::uint32_t* words,
                          const Offset* offsets, std::size_t n, std::size_t b0, std::size_t b1,
-                         T* out, restore_value<T> op, host_isa isa) {
+                         T* out, restore_value<T> op, host_isa isa, bool stream = false) {
   for (std::size_t b = b0; b < b1; ++b) {
     const T* v = values + static_cast<std::size_t>(offsets[b]);
     const word_span ws = block_words(b, b + 1, n);
@@ -278,7 +301,11 @@ void host_expand_bitmask(const T* values, std::size_t k, const std::uint32_t* wo
     if (!op.apply && w < full) {
       if (isa == host_isa::avx512 && (sizeof(T) == 4 || sizeof(T) == 8)) {
         if constexpr (sizeof(T) == 4 || sizeof(T) == 8) {
-          v = expand_words_avx512(v, words, w, full, out);
+          if (stream) {
+            v = expand_words_avx512<true>(v, words, w, full, out);
+          } else {
+            v = expand_words_avx512<false>(v, words, w, full, out);
+          }
           w = full;
         }
       } else if (isa >= host_isa::avx2 && sizeof(T) == 4) {
@@ -297,6 +324,11 @@ void host_expand_bitmask(const T* values, std::size_t k, const std::uint32_t* wo
       v = expand_word_scalar(v, words[w], out + base, std::min(word_elements, n - base), op);
     }
   }
+#if DROPIT_HOST_X86
+  if (stream) _mm_sfence();  // the non-temporal stores are visible before the fork-join ends
+#else
+  (void)stream;
+#endif
 }
 
 /// Restores elements [begin, end) from an index list.

@@ -91,16 +91,20 @@ template <class T, class Policy>
   return out;
 }
 
-/// The host restore on exactly `threads` workers.
+/// The host restore on exactly `threads` workers. `streaming`: -1 lets `host_stream_output`
+/// decide, 1 streams whenever the instruction set and alignment allow (tests), 0 never.
 template <class T>
 void host_restore(const payload& payload, const packed_layout& layout, T* out, double scale,
-                  unsigned threads) {
+                  unsigned threads, int streaming = -1) {
   const std::size_t n = layout.n;
   const std::size_t k = layout.k;
   const restore_value<T> op{scale, scale != 1.0};
   const T* values = reinterpret_cast<const T*>(payload.data() + layout.values_offset);
   const std::byte* positions = payload.data() + layout.positions_offset;
   const host_isa isa = active_host_isa();
+  const bool stream =
+      streaming < 0 ? host_stream_output(out, n, isa)
+                    : streaming == 1 && host_stream_output(out, std::size_t{0}, isa, true);
   parallel_for(threads, layout.blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
     const std::size_t begin = b0 * block_elements;
     const std::size_t end = std::min(n, b1 * block_elements);
@@ -120,10 +124,10 @@ void host_restore(const payload& payload, const packed_layout& layout, T* out, d
         const std::byte* offsets = payload.data() + layout.block_offsets_offset;
         if (layout.wide()) {
           host_expand_bitmask(values, k, words, reinterpret_cast<const std::uint64_t*>(offsets), n,
-                              b0, b1, out, op, isa);
+                              b0, b1, out, op, isa, stream);
         } else {
           host_expand_bitmask(values, k, words, reinterpret_cast<const std::uint32_t*>(offsets), n,
-                              b0, b1, out, op, isa);
+                              b0, b1, out, op, isa, stream);
         }
         break;
       }

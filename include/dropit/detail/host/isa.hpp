@@ -9,6 +9,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
+
+#if __has_include(<unistd.h>)
+#include <unistd.h>
+#endif
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__CUDACC__)
 #define DROPIT_HOST_X86 1
@@ -63,6 +68,20 @@ enum class host_isa : int {
   }
 #endif
   return host_isa::baseline;
+}
+
+/// The last-level cache's size as the OS reports it (`sysconf`), 32 MiB where it does not: what
+/// decides whether x stays in the cache between two passes, and whether an output is written
+/// with non-temporal stores.
+[[nodiscard]] inline std::size_t host_llc_bytes() noexcept {
+  static const std::size_t bytes = [] {
+    long l3 = 0;
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+    l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    return l3 > 0 ? static_cast<std::size_t>(l3) : std::size_t{32} << 20;
+  }();
+  return bytes;
 }
 
 /// The highest instruction set the kernels may use; tests lower it to run every variant.

@@ -40,10 +40,6 @@
 #include <new>
 #include <utility>
 
-#if __has_include(<unistd.h>)
-#include <unistd.h>
-#endif
-
 namespace dropit::detail {
 
 /// Whether the count pass stages the values of keys at or above lo (bitmask encoding only).
@@ -60,16 +56,9 @@ inline constexpr double max_staged_fraction = 0.3;
 
 /// Staging pays when x does not stay in the cache between the count and the compact pass: from
 /// half the last-level cache on (measured on a 320 MiB L3: equal at 128 MiB of fp32, faster from
-/// 256 MiB; bench/README.md). 32 MiB is assumed where the OS does not tell.
+/// 256 MiB; bench/README.md).
 [[nodiscard]] inline std::size_t host_stage_min_bytes() noexcept {
-  static const std::size_t bytes = [] {
-    long l3 = 0;
-#if defined(_SC_LEVEL3_CACHE_SIZE)
-    l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-#endif
-    return (l3 > 0 ? static_cast<std::size_t>(l3) : std::size_t{32} << 20) / 2;
-  }();
-  return bytes;
+  return host_llc_bytes() / 2;
 }
 
 /// Knobs of the host selection; the defaults are what the executor uses. Tests turn them to
