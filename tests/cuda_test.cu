@@ -1,2 +1,2 @@
-// The device suite compiled by nvcc for a real CUDA device (see device_test.cpp).
-#include "device_test.cpp"
+// The device suite compiled by nvcc for a real CUDA device (see cuda_suite.cpp).
+#include "cuda_suite.cpp"

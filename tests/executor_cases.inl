@@ -1,6 +1,6 @@
 // Pack and restore against the brute-force oracles, written once for every executor: included by
 // the host suite (sparse_cache_test.cpp: the host executor on 1 and 3 threads) and by the device
-// suite (device_test.cpp: the emulated device with g++, the real device with nvcc, fast and
+// suite (cuda_suite.cpp: the emulated device with g++, the real device with nvcc, fast and
 // portable kernels). Before including, define
 //   DROPIT_EXECUTOR_CASES       the configurations (executors.hpp) every case runs on
 //   DROPIT_EXECUTOR_DECORATOR   what follows every case's name: empty, or `* decorator` (the device

@@ -8,7 +8,7 @@
 //   C::session                   what one case holds while it runs (a device case: its stream):
 //                                exec(), the executor to call; to_host(buffer), its contents once
 //                                the work enqueued so far is done
-// The host configurations are here; the device ones are in device_support.hpp.
+// The host configurations are here; the device ones are in cuda_support.hpp.
 #pragma once
 
 #include <dropit/dropit.hpp>

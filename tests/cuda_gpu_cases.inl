@@ -1,4 +1,4 @@
-// The device suite's cases that need a real CUDA device (included by device_test.cpp under nvcc):
+// The device suite's cases that need a real CUDA device (included by cuda_suite.cpp under nvcc):
 // stream asynchrony, cross-stream restore, host pointers, CUDA errors, stream_ref, managed memory.
 
 #include <cuda/stream_ref>

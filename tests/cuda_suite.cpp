@@ -2,7 +2,7 @@
 // (on the emulated device with g++ and Thrust's OpenMP system; on a GPU with nvcc, there with the
 // fast and the portable kernels), plus what is the device's own: byte identity with the host
 // executor, every way the selection resolves, memory resources and workspaces, streams, errors.
-#include "device_support.hpp"
+#include "cuda_support.hpp"
 
 // The cases every executor shares, on the device.
 #define DROPIT_EXECUTOR_CASES DROPIT_DEVICE_CASES
@@ -444,7 +444,7 @@ TEST_CASE("a failing Thrust algorithm becomes a cuda_error naming where dropit r
   } catch (const dropit::cuda_error& e) {
     const std::string m = e.what();
     CHECK(m.find("dropit: CUDA error at ") == 0);
-    CHECK(m.find("device_test.cpp:") != std::string::npos);  // the call site, with its line
+    CHECK(m.find("cuda_suite.cpp:") != std::string::npos);  // the call site, with its line
     CHECK(m.find("in a Thrust algorithm: sort failed") != std::string::npos);
   }
   // dropit's own errors pass through unchanged.
@@ -454,5 +454,5 @@ TEST_CASE("a failing Thrust algorithm becomes a cuda_error naming where dropit r
 }
 
 #if !DROPIT_CUDA_EMULATED
-#include "device_cuda_cases.inl"
+#include "cuda_gpu_cases.inl"
 #endif

@@ -2,7 +2,7 @@
 // forced fallback, one-key ranges) and its fork-join, against the brute-force oracle: every
 // payload must equal, byte for byte, the payload built here from the oracle's kept indices.
 // Built twice: as part of core_test (std::thread pool) and, when OpenMP is found, as
-// host_select_omp_test (the OpenMP path).
+// host_omp_test (the OpenMP path).
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
