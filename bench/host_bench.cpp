@@ -208,8 +208,7 @@ void bench_pack_two_pass(benchmark::State& state, P policy) {
   const auto& x = input<T>(n);
   const auto exec = executor();
   const auto layout = dropit::make_layout(n, policy.kept(n), sizeof(T));
-  const dropit::detail::host_select_tuning two_pass{.staging =
-                                                        dropit::detail::host_staging::never};
+  const dropit::detail::host_select_tuning two_pass{.staging = dropit::detail::host_staging::never};
   auto pack = [&] {
     return dropit::detail::host_pack(policy, x.data(), layout, exec.thread_count(n),
                                      exec.memory_resource(), two_pass);
@@ -248,8 +247,8 @@ void bench_restore_no_stream(benchmark::State& state, P policy) {
   const auto n = static_cast<std::size_t>(state.range(0));
   const auto exec = executor();
   const auto layout = dropit::make_layout(n, policy.kept(n), sizeof(T));
-  const auto p = dropit::detail::host_pack(policy, input<T>(n).data(), layout,
-                                           exec.thread_count(n), exec.memory_resource());
+  const auto p = dropit::detail::host_pack(policy, input<T>(n).data(), layout, exec.thread_count(n),
+                                           exec.memory_resource());
   auto out = output<T>(n);
   for (auto _ : state) {
     dropit::detail::host_restore(p, layout, out.data(), 1.0, exec.thread_count(n), 0);

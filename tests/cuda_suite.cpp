@@ -6,12 +6,12 @@
 
 // The cases every executor shares, on the device.
 #define DROPIT_EXECUTOR_CASES DROPIT_DEVICE_CASES
-#define DROPIT_EXECUTOR_DECORATOR * DROPIT_DEVICE
+#define DROPIT_EXECUTOR_DECORATOR *DROPIT_DEVICE
 #include "executor_cases.inl"
 
 #include <array>
-#include <bit>
 #include <atomic>
+#include <bit>
 #include <functional>
 #include <limits>
 #include <map>

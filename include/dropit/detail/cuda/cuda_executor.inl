@@ -12,11 +12,8 @@
 
 #include <thrust/binary_search.h>
 #include <thrust/for_each.h>
-#include <thrust/functional.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
-#include <thrust/scan.h>
-#include <thrust/sort.h>
 #include <thrust/system_error.h>
 #include <thrust/transform.h>
 

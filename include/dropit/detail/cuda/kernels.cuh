@@ -314,8 +314,8 @@ __global__ void __launch_bounds__(fast_threads) resolve_kernel(resolve_fn<Key> f
   const std::size_t part_cap = ctl->part_cap;
   const unsigned bucket = ctl->bucket;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t j = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       j < f.slots; j += stride) {
+  for (std::size_t j = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < f.slots;
+       j += stride) {
     const std::size_t p = j / part_cap;
     if (j - p * part_cap < ctl->part_count[p] && ctl->bucket_of(f.cand_key[j]) == bucket)
       f.small[atomicAdd(&ctl->small_count, 1ull)] = f.cand_key[j];
@@ -426,7 +426,8 @@ __global__ void __launch_bounds__(fast_threads) compact_kernel(compact_fn<P, T, 
       kept |= m & (~m + 1u);
     const auto count = static_cast<std::uint32_t>(__popc(kept));
     const std::size_t start =
-        before.above + (before.ties < ties_kept ? before.ties : static_cast<std::uint32_t>(ties_kept));
+        before.above +
+        (before.ties < ties_kept ? before.ties : static_cast<std::uint32_t>(ties_kept));
     std::size_t at = start + warp_inclusive_sum(count) - count;
     if (f.words != nullptr) {
       if (my_word < total_words) f.words[my_word] = kept;

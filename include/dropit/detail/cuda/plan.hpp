@@ -16,13 +16,13 @@ namespace dropit::detail::dev {
 /// Knobs of the device selection; the defaults are what the executor uses. Tests turn them to
 /// reach every way the selection resolves.
 struct select_tuning {
-  std::size_t sample = 0;       ///< sampled keys, at most max_samples; 0: that many
-  std::size_t capacity = 0;     ///< candidate slots; 0: automatic
-  double margin = 4.0;          ///< half-width of the guessed range, in standard deviations
-  bool force_fallback = false;  ///< ignore the guess: exact radix select over x
-  void* ctl_copy = nullptr;     ///< tests: device memory that receives the final control block
-  unsigned* launches = nullptr;  ///< tests, benchmarks: receives the launches of the pack
-  int staging = -1;              ///< -1: automatic, 0: never, 1: whenever there are candidates
+  std::size_t sample = 0;          ///< sampled keys, at most max_samples; 0: that many
+  std::size_t capacity = 0;        ///< candidate slots; 0: automatic
+  double margin = 4.0;             ///< half-width of the guessed range, in standard deviations
+  bool force_fallback = false;     ///< ignore the guess: exact radix select over x
+  void* ctl_copy = nullptr;        ///< tests: device memory that receives the final control block
+  unsigned* launches = nullptr;    ///< tests, benchmarks: receives the launches of the pack
+  int staging = -1;                ///< -1: automatic, 0: never, 1: whenever there are candidates
   std::size_t stage_capacity = 0;  ///< staged values; 0: automatic
 };
 
@@ -75,8 +75,8 @@ template <class Key>
   // The stage: every key at or above lo, about k + the candidates.
   const bool exact = p.samples == n;
   const double staged = static_cast<double>(k) + (exact ? 0.0 : static_cast<double>(capacity) / 2);
-  const bool stage = t.staging == 1 ||
-                     (t.staging == -1 && staged <= max_device_staged_fraction * static_cast<double>(n));
+  const bool stage = t.staging == 1 || (t.staging == -1 && staged <= max_device_staged_fraction *
+                                                                         static_cast<double>(n));
   if (stage) {
     p.stage_cap = t.stage_capacity != 0
                       ? std::min(n, t.stage_capacity)
@@ -113,9 +113,9 @@ struct pack_temps {
   Key* cand_key;
   std::uint32_t* cand_index;
   Key* small;
-  T* stage;                  ///< null when the plan stages nothing
-  std::uint32_t* stage_at;   ///< per block: its first staged value, or not_staged
-  std::uint32_t* ge_words;   ///< per word: which elements have a key >= lo (were staged)
+  T* stage;                 ///< null when the plan stages nothing
+  std::uint32_t* stage_at;  ///< per block: its first staged value, or not_staged
+  std::uint32_t* ge_words;  ///< per word: which elements have a key >= lo (were staged)
 
   static pack_temps carve(carver& c, std::size_t n, std::size_t blocks, const select_plan& p) {
     pack_temps t;

@@ -85,7 +85,8 @@ DROPIT_HD void setup_ctl(select_ctl<Key>* ctl, const sample_setup<Key>& s,
       select_ctl<Key>(s.n, s.k, s.parts, s.part_cap, s.small_cap, s.stage_cap);
   c->hi = s.hi_rank < 0 ? static_cast<Key>(~Key{0}) : sample[s.hi_rank];
   c->lo = s.lo_rank >= static_cast<long long>(s.samples) ? Key{0} : sample[s.lo_rank];
-  const auto range = static_cast<unsigned long long>(c->hi) - static_cast<unsigned long long>(c->lo);
+  const auto range =
+      static_cast<unsigned long long>(c->hi) - static_cast<unsigned long long>(c->lo);
   int bits = 0;
   while (bits < 64 && (range >> bits) != 0)
     ++bits;
@@ -248,8 +249,8 @@ struct resolve_fn {
   DROPIT_HD void operator()(std::size_t chunk) const {
     select_ctl<Key>& c = *ctl;
     if (c.mode != mode_resolve) return;
-    const std::size_t end = (chunk + 1) * block_elements < slots ? (chunk + 1) * block_elements
-                                                                 : slots;
+    const std::size_t end =
+        (chunk + 1) * block_elements < slots ? (chunk + 1) * block_elements : slots;
     for (std::size_t j = chunk * block_elements; j < end; ++j) {
       const std::size_t p = j / c.part_cap;
       if (j - p * c.part_cap < c.part_count[p] && c.bucket_of(cand_key[j]) == c.bucket)
@@ -281,8 +282,8 @@ DROPIT_HD inline void zero_gaps(std::byte* payload, const padding_gaps& g) noexc
  * guess (then t >= lo), else every element of x. Returns whether x was read.
  */
 template <class T, class Key, class F>
-DROPIT_HD bool for_each_eligible(const select_ctl<Key>& c, const T* x, std::size_t n,
-                                 std::size_t b, const T* stage, const std::uint32_t* stage_at,
+DROPIT_HD bool for_each_eligible(const select_ctl<Key>& c, const T* x, std::size_t n, std::size_t b,
+                                 const T* stage, const std::uint32_t* stage_at,
                                  const std::uint32_t* ge_words, F&& f) {
   const std::size_t begin = b * block_elements, end = block_end(b, n);
   if (stage != nullptr && c.path != path_fallback && stage_at[b] != not_staged) {

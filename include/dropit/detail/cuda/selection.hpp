@@ -148,23 +148,23 @@ struct select_ctl {
   int path;
   unsigned parts;
   std::size_t part_cap;
-  std::size_t small_cap;  ///< slots of the resolve buffer
-  std::size_t stage_cap;  ///< slots of the stage; 0: the count pass stages nothing
+  std::size_t small_cap;            ///< slots of the resolve buffer
+  std::size_t stage_cap;            ///< slots of the stage; 0: the count pass stages nothing
   unsigned long long above_total;   ///< keys > hi
   unsigned long long within_total;  ///< keys in [lo, hi]
   unsigned long long part_count[max_parts];
   unsigned long long small_count;  ///< keys in the resolve buffer
   unsigned long long stage_used;   ///< staged values
   unsigned bucket;                 ///< resolve: the bucket with the k-th key
-  std::size_t bucket_rank;         ///< resolve: its rank among the bucket's keys, 1-based, from the top
-  radix_state<Key> state;          ///< fallback over x
-  Key t;                           ///< the threshold key
-  std::size_t ties_kept;           ///< keys equal to t that are kept, lowest index first
-  unsigned done;                   ///< items (or CTAs) finished in the current launch
-  unsigned long long ticket;       ///< compact: blocks handed out, in index order
-  unsigned worked;                 ///< select_step bits
-  unsigned x_passes;               ///< launches that read all of x
-  unsigned read_x;                 ///< compact: a block was read from x (not from the stage)
+  std::size_t bucket_rank;    ///< resolve: its rank among the bucket's keys, 1-based, from the top
+  radix_state<Key> state;     ///< fallback over x
+  Key t;                      ///< the threshold key
+  std::size_t ties_kept;      ///< keys equal to t that are kept, lowest index first
+  unsigned done;              ///< items (or CTAs) finished in the current launch
+  unsigned long long ticket;  ///< compact: blocks handed out, in index order
+  unsigned worked;            ///< select_step bits
+  unsigned x_passes;          ///< launches that read all of x
+  unsigned read_x;            ///< compact: a block was read from x (not from the stage)
 
   DROPIT_HD select_ctl(std::size_t n_, std::size_t k_, unsigned parts_, std::size_t part_cap_,
                        std::size_t small_cap_, std::size_t stage_cap_) noexcept

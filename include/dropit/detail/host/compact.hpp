@@ -94,7 +94,8 @@ void copy_staged_block(const host_selection<Key, T>& sel, std::size_t b, std::si
   for (std::size_t j = 0; j < mask_words; ++j)
     keep[j] = ~std::uint32_t{0};
   if (mask_words != 0)
-    keep[mask_words - 1] = low_bits(static_cast<unsigned>(total - (mask_words - 1) * word_elements));
+    keep[mask_words - 1] =
+        low_bits(static_cast<unsigned>(total - (mask_words - 1) * word_elements));
   const std::size_t base = b * block_elements;
   const std::size_t first = sel.cand.at[b];
   std::size_t w = block_words(b, b + 1, n).w0;
@@ -105,10 +106,9 @@ void copy_staged_block(const host_selection<Key, T>& sel, std::size_t b, std::si
     if (sel.th.keeps(sel.cand.keys[s], i)) continue;
     for (; w < i / word_elements; ++w)
       kept_before_w += static_cast<std::size_t>(popcount32(words[w]));
-    const std::size_t entry =
-        kept_before_w + dropped +
-        static_cast<std::size_t>(
-            popcount32(words[w] & low_bits(static_cast<unsigned>(i % word_elements))));
+    const std::size_t entry = kept_before_w + dropped +
+                              static_cast<std::size_t>(popcount32(
+                                  words[w] & low_bits(static_cast<unsigned>(i % word_elements))));
     keep[entry / word_elements] &= ~(std::uint32_t{1} << (entry % word_elements));
     ++dropped;
   }
@@ -122,9 +122,9 @@ void copy_staged_block(const host_selection<Key, T>& sel, std::size_t b, std::si
  */
 template <class P, class T, class Offset>
 void host_compact_bitmask(const word_classifier<P, T>& cls,
-                          const host_selection<key_type_t<P, T>, T>& sel, const T* x,
-                          std::size_t n, std::size_t b0, std::size_t b1, std::uint32_t* words,
-                          Offset* offsets, T* values, host_isa isa) {
+                          const host_selection<key_type_t<P, T>, T>& sel, const T* x, std::size_t n,
+                          std::size_t b0, std::size_t b1, std::uint32_t* words, Offset* offsets,
+                          T* values, host_isa isa) {
   for (std::size_t b = b0; b < b1; ++b) {
     const std::size_t at = sel.block_start[b];
     offsets[b] = static_cast<Offset>(at);

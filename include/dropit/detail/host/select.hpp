@@ -50,13 +50,13 @@ enum class host_staging : std::uint8_t {
   always      ///< whenever the count pass collects candidates
 };
 
-/// Staging pays while the staged values are a small part of x: at gamma = 0.5 copying half of x
-/// out and back costs more than reading x again.
+/// Staging pays while the staged values are a small part of x: at gamma = 0.5, writing and
+/// reading half of x moves as many bytes as reading x again (a count of bytes, not a measurement).
 inline constexpr double max_staged_fraction = 0.3;
 
 /// Staging pays when x does not stay in the cache between the count and the compact pass: from
 /// half the last-level cache on (measured on a 320 MiB L3: equal at 128 MiB of fp32, faster from
-/// 256 MiB; bench/README.md).
+/// 256 MiB; README, Performance).
 [[nodiscard]] inline std::size_t host_stage_min_bytes() noexcept {
   return host_llc_bytes() / 2;
 }
@@ -225,8 +225,7 @@ class host_selector {
    * mask of keys above hi on the candidates path; `collect_above` (index list) collects those
    * keys as entries too.
    */
-  host_selection<key, T> run(std::uint32_t* words, bool collect_above,
-                             host_select_report* report) {
+  host_selection<key, T> run(std::uint32_t* words, bool collect_above, host_select_report* report) {
     host_selection<key, T> sel;
     sel.above = host_buffer<std::uint32_t>(blocks_);
     sel.within = host_buffer<std::uint32_t>(blocks_);
@@ -713,7 +712,7 @@ class host_selector {
   key hi_{};
   key lo_{};
   std::size_t margin_ = 0;
-  std::unique_ptr<key[]> sample_;            ///< the sampled keys (partly ordered)
+  std::unique_ptr<key[]> sample_;  ///< the sampled keys (partly ordered)
 };
 
 }  // namespace dropit::detail
