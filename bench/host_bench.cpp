@@ -208,7 +208,7 @@ void bench_pack_two_pass(benchmark::State& state, P policy) {
   const auto& x = input<T>(n);
   const auto exec = executor();
   const auto layout = dropit::make_layout(n, policy.kept(n), sizeof(T));
-  const dropit::detail::host_select_tuning two_pass{.staging = dropit::detail::host_staging::never};
+  const dropit::detail::host_select_tuning two_pass{.staging = dropit::detail::staging_mode::never};
   auto pack = [&] {
     return dropit::detail::host_pack(policy, x.data(), layout, exec.thread_count(n),
                                      exec.memory_resource(), two_pass);

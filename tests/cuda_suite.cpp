@@ -133,7 +133,7 @@ auto tuned_pack(const P& p, const std::vector<T>& x, const dropit::cuda_executor
   alignas(ctl_t) std::byte copy[sizeof(ctl_t)];
   std::memcpy(copy, raw.data(), sizeof(ctl_t));
   const auto* c = reinterpret_cast<const ctl_t*>(copy);
-  CHECK(c->mode == dropit::detail::dev::mode_final);
+  CHECK(c->mode == dropit::detail::mode_final);
   return outcome<Key>{bytes, c->path, c->worked, c->x_passes, launches};
 }
 
@@ -142,6 +142,7 @@ auto tuned_pack(const P& p, const std::vector<T>& x, const dropit::cuda_executor
 TEST_CASE_TEMPLATE("every way the device selection resolves gives the host's bytes" * DROPIT_DEVICE,
                    C, DROPIT_DEVICE_CASES) {
   using T = typename C::type;
+  using namespace dropit::detail;
   using namespace dropit::detail::dev;
   INFO(C::name());
   test_stream stream;
@@ -173,7 +174,7 @@ TEST_CASE_TEMPLATE("every way the device selection resolves gives the host's byt
       {"tiny sample", {.sample = 16}},
       {"no margin", {.margin = 0.0}},
       {"the largest sample", {.sample = n}},
-      {"nothing staged", {.staging = 0}},
+      {"nothing staged", {.staging = dropit::detail::staging_mode::never}},
       {"a stage for a few blocks", {.stage_capacity = n / 50}},
   };
   std::map<int, int> paths;
@@ -207,6 +208,7 @@ TEST_CASE_TEMPLATE("a device pack is at most 8 launches, at most 4 of which work
                        DROPIT_DEVICE,
                    C, DROPIT_DEVICE_CASES) {
   using T = typename C::type;
+  using namespace dropit::detail;
   using namespace dropit::detail::dev;
   INFO(C::name());
   test_stream stream;
@@ -253,8 +255,11 @@ TEST_CASE_TEMPLATE("a device pack is at most 8 launches, at most 4 of which work
   CHECK(partial.payload == host_payload<T>(dropit::Random<0.9>{1}, x));
   CHECK(partial.x_passes == 2);
   // Staging asked for at gamma 0.5, and turned off at 0.9.
-  CHECK(tuned_pack<T>(dropit::Random<0.5>{1}, x, exec, {.staging = 1}).x_passes == 1);
-  CHECK(tuned_pack<T>(dropit::Random<0.9>{1}, x, exec, {.staging = 0}).x_passes == 2);
+  CHECK(
+      tuned_pack<T>(dropit::Random<0.5>{1}, x, exec, {.staging = staging_mode::always}).x_passes ==
+      1);
+  CHECK(tuned_pack<T>(dropit::Random<0.9>{1}, x, exec, {.staging = staging_mode::never}).x_passes ==
+        2);
 }
 
 TEST_CASE("radix_picks (the fast kernels' parallel bucket choice) picks pick_bucket's bucket") {
@@ -279,7 +284,7 @@ TEST_CASE("radix_picks (the fast kernels' parallel bucket choice) picks pick_buc
       }
       sum += hist[d];
     }
-    const auto serial = dropit::detail::dev::pick_bucket(hist.data(), bins, rank);
+    const auto serial = dropit::detail::pick_bucket(hist.data(), bins, rank);
     CHECK(serial.d == want);
     CHECK(serial.higher == sum);
     CHECK(serial.count == hist[want]);

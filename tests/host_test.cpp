@@ -12,9 +12,11 @@
 #include <thread>
 
 using namespace dropit_test;
-using dropit::detail::host_select_path;
 using dropit::detail::host_select_report;
 using dropit::detail::host_select_tuning;
+using dropit::detail::path_candidates;
+using dropit::detail::path_fallback;
+using dropit::detail::path_single_key;
 
 namespace {
 
@@ -77,8 +79,8 @@ std::pair<std::vector<std::byte>, host_select_report> tuned_pack(const P& policy
 
 /// Checks one pack against the oracle; returns the path it took.
 template <class T, class P>
-host_select_path check_pack(const P& policy, std::span<const T> x, unsigned threads,
-                            const host_select_tuning& t = {}) {
+int check_pack(const P& policy, std::span<const T> x, unsigned threads,
+               const host_select_tuning& t = {}) {
   const std::size_t k = policy.kept(x.size());
   const auto [bytes, report] = tuned_pack<T>(policy, x, threads, t);
   CHECK(bytes == expected_payload<T>(x, oracle_by_key<T>(policy, x, k)));
@@ -108,9 +110,9 @@ TEST_CASE_TEMPLATE("host selection: the sampled guess hits on normal data, every
         CAPTURE(threads);
         // half types round Normal(0, 1) to few values: the range can be a single key there.
         const auto m = check_pack<T>(dropit::MinK<>{g}, std::span<const T>(x), threads);
-        if (sizeof(T) >= 4) CHECK(m == host_select_path::candidates);
+        if (sizeof(T) >= 4) CHECK(m == path_candidates);
         const auto r = check_pack<T>(dropit::Random<>{g, 3}, std::span<const T>(x), threads);
-        CHECK(r == host_select_path::candidates);
+        CHECK(r == path_candidates);
       }
     }
   }
@@ -131,8 +133,8 @@ TEST_CASE_TEMPLATE("host selection: the forced fallback gives the same bytes", T
         const auto r =
             check_pack<T>(dropit::Random<>{g, 9}, std::span<const T>(x), threads, forced);
         if (k > 0 && k < n) {
-          CHECK(m == host_select_path::fallback);
-          CHECK(r == host_select_path::fallback);
+          CHECK(m == path_fallback);
+          CHECK(r == path_fallback);
         }
       }
     }
@@ -148,23 +150,11 @@ TEST_CASE("host selection: a guess that misses or overflows falls back, exactly"
     const auto x = normal_values<float>(20000 + seed * 97, seed);
     CAPTURE(seed);
     const auto p = check_pack<float>(dropit::MinK<0.9>{}, std::span<const float>(x), 2, narrow);
-    fallbacks += p == host_select_path::fallback;
-    hits += p == host_select_path::candidates;
+    fallbacks += p == path_fallback;
+    hits += p == path_candidates;
   }
   CHECK(fallbacks > 0);
   CHECK(hits > 0);
-
-  // A narrow first range that misses is retried three times as wide before the fallback.
-  int retried_hits = 0;
-  for (std::uint64_t seed = 0; seed < 24; ++seed) {
-    const auto x = normal_values<float>(30000 + seed * 89, 100 + seed);
-    const auto [bytes, report] = tuned_pack<float>(dropit::MinK<0.9>{}, std::span<const float>(x),
-                                                   2, {.sample = 256, .margin = 0.4});
-    CHECK(bytes ==
-          expected_payload<float>(x, oracle_mink<float>(x, dropit::MinK<0.9>{}.kept(x.size()))));
-    retried_hits += report.attempts == 2 && report.path == host_select_path::candidates;
-  }
-  CHECK(retried_hits > 0);
 
   // One candidate slot per worker: the count pass overflows and the selection falls back.
   const auto x = normal_values<float>(50000, 1);
@@ -173,7 +163,7 @@ TEST_CASE("host selection: a guess that misses or overflows falls back, exactly"
       const auto [bytes, report] =
           tuned_pack<float>(dropit::MinK<>{g}, std::span<const float>(x), threads, {.capacity = 1});
       CHECK(report.overflow);
-      CHECK(report.path == host_select_path::fallback);
+      CHECK(report.path == path_fallback);
       CHECK(bytes ==
             expected_payload<float>(x, oracle_mink<float>(x, dropit::MinK<>{g}.kept(x.size()))));
     }
@@ -233,7 +223,7 @@ class first_only_resource : public std::pmr::memory_resource {
 
 TEST_CASE_TEMPLATE("host selection: the count pass stages the kept values, every way a stage ends",
                    T, DROPIT_TEST_TYPES) {
-  using dropit::detail::host_staging;
+  using dropit::detail::staging_mode;
   for (std::size_t n : {std::size_t{40000}, (std::size_t{1} << 18) + 3}) {
     const auto x = normal_values<T>(n, 3 + n);
     const std::size_t blocks = (n + 1023) / 1024;
@@ -254,7 +244,7 @@ TEST_CASE_TEMPLATE("host selection: the count pass stages the kept values, every
         CAPTURE(random);
         const auto r =
             random ? run(dropit::Random<>{0.9, 5}, large) : run(dropit::MinK<>{0.9}, large);
-        if (r.path == host_select_path::candidates) {
+        if (r.path == path_candidates) {
           CHECK(r.staged_blocks == blocks);
         } else {
           CHECK(sizeof(T) == 2);  // half types round Normal(0, 1) to few values: a one-key range
@@ -262,10 +252,10 @@ TEST_CASE_TEMPLATE("host selection: the count pass stages the kept values, every
         }
       }
       // Off: nothing staged, the same bytes.
-      CHECK(run(dropit::MinK<>{0.9}, {.staging = host_staging::never}).staged_blocks == 0);
+      CHECK(run(dropit::MinK<>{0.9}, {.staging = staging_mode::never}).staged_blocks == 0);
       // gamma = 0.5: staging half of x does not pay, unless asked for.
       CHECK(run(dropit::Random<>{0.5, 2}, large).staged_blocks == 0);
-      CHECK(run(dropit::Random<>{0.5, 2}, {.staging = host_staging::always}).staged_blocks ==
+      CHECK(run(dropit::Random<>{0.5, 2}, {.staging = staging_mode::always}).staged_blocks ==
             blocks);
       // A stage too small for every block: the blocks without a slab are read from x again.
       if (n > 100000) {
@@ -277,10 +267,10 @@ TEST_CASE_TEMPLATE("host selection: the count pass stages the kept values, every
       const auto ties = few_values<T>(n, 64, n + 9);
       const std::size_t k = dropit::MinK<0.9>{}.kept(n);
       const auto [tb, tr] = tuned_pack<T>(dropit::MinK<0.9>{}, std::span<const T>(ties), threads,
-                                          {.margin = 8.0, .staging = host_staging::always});
+                                          {.margin = 8.0, .staging = staging_mode::always});
       CHECK(tb == expected_payload<T>(ties, oracle_mink<T>(ties, k)));
       // The index list (gamma = 0.99) has no stage: its compact step reads only kept elements.
-      CHECK(run(dropit::MinK<>{0.99}, {.staging = host_staging::always}).staged_blocks == 0);
+      CHECK(run(dropit::MinK<>{0.99}, {.staging = staging_mode::always}).staged_blocks == 0);
     }
   }
   // A memory resource that cannot supply the stage: the pack is complete, only unstaged.
@@ -290,7 +280,7 @@ TEST_CASE_TEMPLATE("host selection: the count pass stages the kept values, every
   first_only_resource mr;
   host_select_report report;
   const auto p = dropit::detail::host_pack(policy, x.data(), layout, 2, &mr,
-                                           {.staging = host_staging::always}, &report);
+                                           {.staging = staging_mode::always}, &report);
   CHECK(report.staged_blocks == 0);
   CHECK(std::vector<std::byte>(p.data(), p.data() + p.bytes()) ==
         expected_payload<T>(x, oracle_mink<T>(x, layout.k)));
@@ -299,16 +289,67 @@ TEST_CASE_TEMPLATE("host selection: the count pass stages the kept values, every
 TEST_CASE("host selection: every path is reached") {
   // all equal: the sampled range is one key (lo == hi), resolved from per-block tie counts
   const std::vector<float> same(100000, 1.0f);
-  CHECK(check_pack<float>(dropit::MinK<0.9>{}, std::span<const float>(same), 2) ==
-        host_select_path::ties);
+  CHECK(check_pack<float>(dropit::MinK<0.9>{}, std::span<const float>(same), 2) == path_single_key);
   // small inputs are sampled whole: the range is exactly the k-th key
   const auto small = normal_values<float>(3000, 4);
   CHECK(check_pack<float>(dropit::MinK<0.9>{}, std::span<const float>(small), 1) ==
-        host_select_path::ties);
+        path_single_key);
   // the threshold among many ties, resolved from the candidates with a cut
   const auto ties = few_values<float>(200000, 64, 5);
   CHECK(check_pack<float>(dropit::MinK<0.9>{}, std::span<const float>(ties), 2, {.margin = 8.0}) ==
-        host_select_path::candidates);
+        path_candidates);
+}
+
+TEST_CASE_TEMPLATE("host selection: the shared steps that work and the passes over x", T,
+                   DROPIT_TEST_TYPES) {
+  // The host runs detail/selection.hpp's sequence as the device does, and counts the same way:
+  // a step's bit when it works, a pass for every step that reads all of x.
+  using namespace dropit::detail;
+  using dropit::detail::staging_mode;
+  using Key = key_type_t<dropit::MinK<>, T>;
+  constexpr unsigned hit = step_sample | step_count | step_resolve | step_compact;
+  constexpr unsigned one_key = step_sample | step_count | step_compact;
+  constexpr unsigned miss = step_sample | step_count | step_radix | step_compact;
+  const std::size_t n = std::size_t{1} << 18;
+  const auto x = normal_values<T>(n, 21);
+  for (unsigned threads : {1u, 2u}) {
+    CAPTURE(threads);
+    auto run = [&](double g, const host_select_tuning& t) {
+      const auto [bytes, report] =
+          tuned_pack<T>(dropit::MinK<>{g}, std::span<const T>(x), threads, t);
+      CHECK(bytes == expected_payload<T>(x, oracle_mink<T>(x, dropit::MinK<>{g}.kept(n))));
+      return report;
+    };
+    // A hit with every block staged: x is read once (the count pass).
+    const auto staged = run(0.9, {.stage_min_bytes = 1});
+    if (staged.path == path_candidates) {
+      CHECK(staged.worked == hit);
+      CHECK(staged.x_passes == 1);
+    } else {  // half types round Normal(0, 1) to few values: the range can be one key
+      CHECK(sizeof(T) == 2);
+      CHECK(staged.worked == one_key);
+      CHECK(staged.x_passes == 2);
+    }
+    // Unstaged, the compact step reads x again.
+    const auto unstaged = run(0.9, {.staging = staging_mode::never});
+    CHECK(unstaged.x_passes == 2);
+    // The index list (gamma 0.99) compacts from the collected entries: one pass.
+    const auto listed = run(0.99, {});
+    if (listed.path == path_candidates) CHECK(listed.x_passes == 1);
+    // The fallback: count, one pass per digit, the per-block tie count, compact.
+    const auto forced = run(0.9, {.force_fallback = true});
+    CHECK(forced.path == path_fallback);
+    CHECK(forced.worked == miss);
+    CHECK(forced.x_passes == 3 + static_cast<unsigned>(radix_passes<Key>));
+  }
+  // One key in the range: no resolve step.
+  const std::vector<T> same(100000, from_double<T>(1.0));
+  const auto [bytes, report] =
+      tuned_pack<T>(dropit::MinK<0.9>{}, std::span<const T>(same), 2, host_select_tuning{});
+  CHECK(bytes == expected_payload<T>(same, oracle_mink<T>(same, dropit::MinK<0.9>{}.kept(100000))));
+  CHECK(report.path == path_single_key);
+  CHECK(report.worked == one_key);
+  CHECK(report.x_passes == 2);
 }
 
 TEST_CASE_TEMPLATE("host selection: sizes around block boundaries and the parallel threshold", T,

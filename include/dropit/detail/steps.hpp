@@ -6,9 +6,8 @@
  *
  * Both executors take the radix state, `restore_value` and `expand_index_range` from here; the
  * host applies `threshold`, the device the equivalent (threshold key, ties kept) pair of its
- * look-back (detail/cuda/selection.hpp). The selections themselves are two designs: the host's
- * SIMD one (`detail/host/`) and the device's fixed launch sequence (`detail/cuda/`), held to the
- * same bytes by tests (host vs emulated device, byte for byte).
+ * look-back (detail/cuda/selection.hpp). The selection's steps and decisions are in
+ * detail/selection.hpp, shared by both.
  */
 #pragma once
 

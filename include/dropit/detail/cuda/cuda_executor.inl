@@ -8,6 +8,7 @@
 #include <dropit/detail/cuda/portable.hpp>
 #include <dropit/detail/cuda/runtime.hpp>
 #include <dropit/detail/cuda/selection.hpp>
+#include <dropit/detail/selection.hpp>
 #include <dropit/detail/steps.hpp>
 
 #include <thrust/binary_search.h>
@@ -57,59 +58,74 @@ struct step_launcher {
 };
 
 /**
- * Selects the k largest keys of x (0 < k < n) and writes the payload's values and positions:
- * the fixed sequence of selection.hpp, every launch enqueued whatever the data (a step that is
- * not due returns at once), so the host never waits for the device. With nvcc and
- * `cuda_kernels::fast` the sample, count, resolve and compact steps run their fast kernels.
+ * The device backend of `run_selection` (detail/selection.hpp): each step enqueues one launch
+ * whatever the data (a step that is not due returns at once on the device), so the host never
+ * waits for the device. With nvcc and `cuda_kernels::fast` the sample, count, resolve and compact
+ * steps run their fast kernels.
  */
+template <class T, class P, class ExecPolicy>
+struct device_steps {
+  using key_type = key_type_t<P, T>;
+  using Key = key_type;
+  P policy;
+  const T* x;
+  const packed_layout& l;
+  std::byte* payload;
+  const select_plan& plan;
+  const pack_temps<Key, T>& t;
+  bool force_fallback;
+  ExecPolicy& pol;
+  step_launcher& launch;
+
+  void sample() {
+    const sample_setup<Key> setup{
+        l.n,        l.k,           plan.samples,   plan.hi_rank,   plan.lo_rank,
+        plan.parts, plan.part_cap, plan.small_cap, plan.stage_cap, force_fallback};
+    launch(pol, 1, sample_fn<P, T, Key>{policy, x, setup, t.sample, t.ctl, t.hist});
+  }
+  void count() {
+    launch(pol, l.blocks(),
+           count_fn<P, T, Key>{policy, x, l.n, l.blocks(), t.ctl, t.hist, t.cand_key, t.cand_index,
+                               t.cells, t.stage, t.stage_at, t.ge_words});
+  }
+  void radix_pass(int) {
+    launch(pol, l.blocks(), radix_fn<P, T, Key>{policy, x, l.n, t.ctl, t.hist + candidate_buckets});
+  }
+  void resolve() {
+    launch(pol, chunks_of(plan.capacity),
+           resolve_fn<Key>{t.ctl, t.cand_key, plan.capacity, t.small});
+  }
+  void compact() {
+    const bool index_list = l.positions != position_encoding::bitmask;
+    auto* values = reinterpret_cast<T*>(payload + l.values_offset);
+    auto* positions = reinterpret_cast<std::uint32_t*>(payload + l.positions_offset);
+    auto* offsets = reinterpret_cast<std::uint32_t*>(payload + l.block_offsets_offset);
+    launch(pol, l.blocks(),
+           compact_fn<P, T, Key>{policy, x, l.n, l.blocks(), t.ctl, t.cells, t.stage, t.stage_at,
+                                 t.ge_words, payload, padding_of(l), values,
+                                 index_list ? nullptr : positions, index_list ? nullptr : offsets,
+                                 index_list ? positions : nullptr});
+  }
+};
+
+/// Selects the k largest keys of x (0 < k < n) and writes the payload's values and positions.
 template <class T, class P>
 void pack_selected(const cuda_executor& e, const P& policy, const T* x, const packed_layout& l,
                    std::byte* payload, workspace_lease& lease, const select_tuning& tuning) {
   using Key = key_type_t<P, T>;
-  const std::size_t n = l.n, k = l.k, blocks = l.blocks();
   const cudaStream_t stream = lease.stream();
-  const bool index_list = l.positions != position_encoding::bitmask;
-  const select_plan plan = plan_select<Key>(n, k, blocks, tuning);
-
+  const select_plan plan = plan_select<Key>(l.n, l.k, l.blocks(), tuning);
   carver measure(nullptr);
-  (void)pack_temps<Key, T>::carve(measure, n, blocks, plan);
+  (void)pack_temps<Key, T>::carve(measure, l.n, l.blocks(), plan);
   std::byte* buffer = lease.take(measure.used());
   carver cut(buffer);
-  const auto t = pack_temps<Key, T>::carve(cut, n, blocks, plan);
+  const auto t = pack_temps<Key, T>::carve(cut, l.n, l.blocks(), plan);
   lease_allocator alloc(lease);
   auto pol = rt::exec_policy(alloc, stream);
   step_launcher launch{use_fast(e), stream};
-
-  const sample_setup<Key> setup{n,
-                                k,
-                                plan.samples,
-                                plan.hi_rank,
-                                plan.lo_rank,
-                                plan.parts,
-                                plan.part_cap,
-                                plan.small_cap,
-                                plan.stage_cap,
-                                tuning.force_fallback};
-  unsigned long long* bucket_hist = t.hist;
-  unsigned long long* radix_hist = t.hist + candidate_buckets;
-  launch(pol, 1, sample_fn<P, T, Key>{policy, x, setup, t.sample, t.ctl, t.hist});
-  launch(pol, blocks,
-         count_fn<P, T, Key>{policy, x, n, blocks, t.ctl, bucket_hist, t.cand_key, t.cand_index,
-                             t.cells, t.stage, t.stage_at, t.ge_words});
-  for (int pass = 0; pass < radix_passes<Key>; ++pass) {
-    launch(pol, blocks,
-           radix_fn<P, T, Key>{policy, x, n, t.ctl, radix_hist, pass == radix_passes<Key> - 1});
-  }
-  launch(pol, chunks_of(plan.capacity),
-         resolve_fn<Key>{t.ctl, t.cand_key, plan.capacity, t.small});
-  auto* values = reinterpret_cast<T*>(payload + l.values_offset);
-  auto* positions = reinterpret_cast<std::uint32_t*>(payload + l.positions_offset);
-  auto* offsets = reinterpret_cast<std::uint32_t*>(payload + l.block_offsets_offset);
-  launch(pol, blocks,
-         compact_fn<P, T, Key>{policy, x, n, blocks, t.ctl, t.cells, t.stage, t.stage_at,
-                               t.ge_words, payload, padding_of(l), values,
-                               index_list ? nullptr : positions, index_list ? nullptr : offsets,
-                               index_list ? positions : nullptr});
+  device_steps<T, P, decltype(pol)> steps{policy, x,     l, payload, plan, t, tuning.force_fallback,
+                                          pol,    launch};
+  run_selection(steps);
   if (tuning.ctl_copy != nullptr)
     rt::memcpy_async(tuning.ctl_copy, t.ctl, sizeof(select_ctl<Key>), stream);
   if (tuning.launches != nullptr) *tuning.launches = launch.count;

@@ -298,8 +298,6 @@ __global__ void __launch_bounds__(fast_threads) count_kernel(count_fn<P, T, Key>
   const bucket_pick pick = block_pick(f.hist, ctl->rank_below_hi(above));
   if (threadIdx.x == 0) {
     ctl->decide(above, within, fits, pick);
-    ctl->worked |= step_count;
-    ++ctl->x_passes;
   }
 }
 

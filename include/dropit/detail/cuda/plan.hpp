@@ -16,19 +16,15 @@ namespace dropit::detail::dev {
 /// Knobs of the device selection; the defaults are what the executor uses. Tests turn them to
 /// reach every way the selection resolves.
 struct select_tuning {
-  std::size_t sample = 0;          ///< sampled keys, at most max_samples; 0: that many
-  std::size_t capacity = 0;        ///< candidate slots; 0: automatic
-  double margin = 4.0;             ///< half-width of the guessed range, in standard deviations
-  bool force_fallback = false;     ///< ignore the guess: exact radix select over x
-  void* ctl_copy = nullptr;        ///< tests: device memory that receives the final control block
-  unsigned* launches = nullptr;    ///< tests, benchmarks: receives the launches of the pack
-  int staging = -1;                ///< -1: automatic, 0: never, 1: whenever there are candidates
+  std::size_t sample = 0;        ///< sampled keys, at most max_samples; 0: that many
+  std::size_t capacity = 0;      ///< candidate slots; 0: automatic
+  double margin = 4.0;           ///< half-width of the guessed range, in standard deviations
+  bool force_fallback = false;   ///< ignore the guess: exact radix select over x
+  void* ctl_copy = nullptr;      ///< tests: device memory that receives the final control block
+  unsigned* launches = nullptr;  ///< tests, benchmarks: receives the launches of the pack
+  staging_mode staging = staging_mode::automatic;
   std::size_t stage_capacity = 0;  ///< staged values; 0: automatic
 };
-
-/// The count pass stages while the staged values are a small part of x (as on the host: at
-/// gamma = 0.5 writing and reading half of x costs as much as reading it again).
-inline constexpr double max_device_staged_fraction = 0.3;
 
 /// Keys the sample step sorts: 8192 (4096 of 8-byte keys), what one block's shared memory holds
 /// on the fast path.
@@ -53,19 +49,12 @@ template <class Key>
   select_plan p;
   p.samples = std::min({n, t.sample != 0 ? t.sample : max_samples<Key>, max_samples<Key>});
   std::size_t capacity = 0;
-  if (p.samples == n) {
-    p.hi_rank = p.lo_rank = static_cast<long long>(k) - 1;  // exact: lo == hi == the k-th key
-  } else {
-    const double s = static_cast<double>(p.samples);
-    const double q = static_cast<double>(k) / static_cast<double>(n);
-    const auto margin =
-        static_cast<long long>(std::ceil(t.margin * std::sqrt(s * q * (1 - q)))) + 1;
-    const auto rank = static_cast<long long>(std::ceil(q * s)) - 1;
-    p.hi_rank = rank - margin;
-    p.lo_rank = rank + margin;
-    const double expected = static_cast<double>(n) * static_cast<double>(2 * margin + 1) / s;
-    capacity = std::min(n, static_cast<std::size_t>(2 * expected) + 4096);
-  }
+  const guessed_ranks g = guess_ranks(n, k, p.samples, t.margin);
+  p.hi_rank = g.hi_rank;
+  p.lo_rank = g.lo_rank;
+  if (p.samples != n)
+    capacity =
+        std::min(n, static_cast<std::size_t>(2 * expected_candidates(n, p.samples, g)) + 4096);
   if (t.capacity != 0) capacity = std::min(n, t.capacity);
   p.parts =
       static_cast<unsigned>(std::min<std::size_t>(max_parts, std::max<std::size_t>(1, blocks)));
@@ -75,8 +64,9 @@ template <class Key>
   // The stage: every key at or above lo, about k + the candidates.
   const bool exact = p.samples == n;
   const double staged = static_cast<double>(k) + (exact ? 0.0 : static_cast<double>(capacity) / 2);
-  const bool stage = t.staging == 1 || (t.staging == -1 && staged <= max_device_staged_fraction *
-                                                                         static_cast<double>(n));
+  const bool stage =
+      t.staging == staging_mode::always || (t.staging == staging_mode::automatic &&
+                                            staged <= max_staged_fraction * static_cast<double>(n));
   if (stage) {
     p.stage_cap = t.stage_capacity != 0
                       ? std::min(n, t.stage_capacity)

@@ -18,40 +18,6 @@
 
 namespace dropit::detail::dev {
 
-/**
- * Moves the r-th largest of a[0, count) (0-based) to a[r], larger keys before it, smaller after
- * (a serial quickselect: the portable path runs it on one item).
- */
-template <class Key>
-DROPIT_HD void select_descending(Key* a, std::size_t count, std::size_t r) noexcept {
-  long long lo = 0, hi = static_cast<long long>(count) - 1;
-  const auto want = static_cast<long long>(r);
-  while (lo < hi) {
-    const Key pivot = a[lo + (hi - lo) / 2];
-    long long i = lo, j = hi;
-    while (i <= j) {  // Hoare: [lo, j] holds keys >= pivot, [i, hi] keys <= pivot
-      while (a[i] > pivot)
-        ++i;
-      while (a[j] < pivot)
-        --j;
-      if (i <= j) {
-        const Key tmp = a[i];
-        a[i] = a[j];
-        a[j] = tmp;
-        ++i;
-        --j;
-      }
-    }
-    if (want <= j) {
-      hi = j;
-    } else if (want >= i) {
-      lo = i;
-    } else {
-      return;  // between j and i every key equals the pivot
-    }
-  }
-}
-
 /// The sampled positions: sample j lies in the j-th of S equal strata of [0, n).
 [[nodiscard]] DROPIT_HD inline std::size_t sample_position(std::size_t j, std::size_t n,
                                                            std::size_t samples) noexcept {
@@ -83,16 +49,9 @@ DROPIT_HD void setup_ctl(select_ctl<Key>* ctl, const sample_setup<Key>& s,
                          const Key* sample) noexcept {
   auto* c = ::new (static_cast<void*>(ctl))
       select_ctl<Key>(s.n, s.k, s.parts, s.part_cap, s.small_cap, s.stage_cap);
-  c->hi = s.hi_rank < 0 ? static_cast<Key>(~Key{0}) : sample[s.hi_rank];
-  c->lo = s.lo_rank >= static_cast<long long>(s.samples) ? Key{0} : sample[s.lo_rank];
-  const auto range =
-      static_cast<unsigned long long>(c->hi) - static_cast<unsigned long long>(c->lo);
-  int bits = 0;
-  while (bits < 64 && (range >> bits) != 0)
-    ++bits;
-  c->shift = bits > bucket_bits ? bits - bucket_bits : 0;
+  c->set_range(s.lo_rank >= static_cast<long long>(s.samples) ? Key{0} : sample[s.lo_rank],
+               s.hi_rank < 0 ? static_cast<Key>(~Key{0}) : sample[s.hi_rank], bucket_bits);
   c->forced = s.forced;
-  c->worked = step_sample;
 }
 
 /// Step 1 (one item): samples the keys, finds lo and hi, builds the control block and clears
@@ -199,8 +158,6 @@ struct count_fn {
       fits = fits && c.part_count[p] <= c.part_cap;
     c.decide(c.above_total, c.within_total, fits,
              pick_bucket(hist, candidate_buckets, c.rank_below_hi(c.above_total)));
-    c.worked |= step_count;
-    ++c.x_passes;
   }
 };
 
@@ -210,7 +167,7 @@ struct count_fn {
 }
 
 /// Step 3 (fallback only), block b of x: one radix pass's histogram; the last block advances the
-/// state (and, after the last digit, sets the threshold) and clears the histogram.
+/// state (after the last digit, the threshold is set) and clears the histogram.
 template <class P, class T, class Key>
 struct radix_fn {
   P policy;
@@ -218,7 +175,6 @@ struct radix_fn {
   std::size_t n;
   select_ctl<Key>* ctl;
   unsigned long long* hist;
-  bool last_pass;
   DROPIT_HD void operator()(std::size_t b) const {
     select_ctl<Key>& c = *ctl;
     if (c.mode != mode_fallback) return;
@@ -228,12 +184,9 @@ struct radix_fn {
       if (s.matches(key)) atomic_add(&hist[s.digit(key)], 1ull);
     }
     if (!last_to_finish(&c.done, static_cast<unsigned>(chunks_of(n)))) return;
-    c.state.advance(hist);
+    c.advance_radix(hist);
     for (unsigned d = 0; d < radix_bins; ++d)
       hist[d] = 0;
-    if (last_pass) c.finish(c.state.prefix, c.state.rank, path_fallback);
-    c.worked |= step_radix;
-    ++c.x_passes;
   }
 };
 
@@ -257,14 +210,7 @@ struct resolve_fn {
         small[atomic_add(&c.small_count, 1ull)] = cand_key[j];
     }
     if (!last_to_finish(&c.done, static_cast<unsigned>(chunks_of(slots)))) return;
-    const auto m = static_cast<std::size_t>(c.small_count);
-    select_descending(small, m, c.bucket_rank - 1);
-    const Key t = small[c.bucket_rank - 1];
-    std::size_t greater = 0;
-    for (std::size_t i = 0; i < c.bucket_rank - 1; ++i)
-      greater += static_cast<std::size_t>(small[i] > t);
-    c.finish(t, c.bucket_rank - greater, path_candidates);
-    c.worked |= step_resolve;
+    c.resolve_bucket(small, static_cast<std::size_t>(c.small_count));
   }
 };
 

@@ -5,6 +5,7 @@
 #include <dropit/detail/host/compact.hpp>
 #include <dropit/detail/host/parallel.hpp>
 #include <dropit/detail/host/select.hpp>
+#include <dropit/detail/selection.hpp>
 #include <dropit/detail/steps.hpp>
 
 #include <algorithm>
@@ -28,6 +29,69 @@ namespace detail {
 inline void release_host(void* resource, void*, std::byte* data, std::size_t bytes) noexcept {
   static_cast<std::pmr::memory_resource*>(resource)->deallocate(data, bytes, 64);
 }
+
+/// The host backend of `run_selection`: the selector's steps, and the compact step that writes
+/// the payload's values and positions from its result, each worker a range of blocks.
+template <class P, class T>
+class host_steps : public host_selector<P, T> {
+ public:
+  host_steps(const P& policy, const T* x, const packed_layout& layout, std::byte* payload,
+             unsigned threads, const host_select_tuning& tuning, std::pmr::memory_resource* mr,
+             std::uint32_t* words)
+      : host_selector<P, T>(policy, x, layout.n, layout.k, threads, tuning, mr, words,
+                            words == nullptr),
+        policy_(policy),
+        x_(x),
+        layout_(layout),
+        payload_(payload),
+        threads_(threads),
+        words_(words) {}
+
+  /// Step 5: the kept values and their positions.
+  void compact() {
+    const auto& sel = this->finish();
+    const std::size_t n = layout_.n;
+    const word_classifier<P, T> cls(policy_, x_, n, sel.th.t, sel.th.t);
+    const host_isa isa = active_host_isa();
+    T* values = reinterpret_cast<T*>(payload_ + layout_.values_offset);
+    std::byte* positions = payload_ + layout_.positions_offset;
+    std::byte* offsets = payload_ + layout_.block_offsets_offset;
+    const T* x = x_;
+    std::uint32_t* words = words_;
+    const packed_layout& l = layout_;
+    parallel_for(threads_, l.blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
+      switch (l.positions) {
+        case position_encoding::bitmask:
+          if (l.wide()) {
+            host_compact_bitmask(cls, sel, x, n, b0, b1, words,
+                                 reinterpret_cast<std::uint64_t*>(offsets), values, isa);
+          } else {
+            host_compact_bitmask(cls, sel, x, n, b0, b1, words,
+                                 reinterpret_cast<std::uint32_t*>(offsets), values, isa);
+          }
+          break;
+        case position_encoding::index32:
+          host_compact_index(cls, sel, x, n, b0, b1, values,
+                             reinterpret_cast<std::uint32_t*>(positions));
+          break;
+        case position_encoding::index64:
+          host_compact_index(cls, sel, x, n, b0, b1, values,
+                             reinterpret_cast<std::uint64_t*>(positions));
+          break;
+        case position_encoding::none:
+          break;
+      }
+    });
+  }
+
+ private:
+  P policy_;
+  const T* x_;
+  const packed_layout& layout_;
+  std::byte* payload_;
+  unsigned threads_;
+  std::uint32_t* words_;
+};
 
 /**
  * The host pack on exactly `threads` workers (the executor picks the count), with the
@@ -58,36 +122,11 @@ template <class T, class Policy>
   // The first fork-join comes after the sample: wake the workers now.
   parallel_prewake(threads);
   const bool bitmask = layout.positions == position_encoding::bitmask;
-  std::byte* positions = out.data() + layout.positions_offset;
-  auto* words = bitmask ? reinterpret_cast<std::uint32_t*>(positions) : nullptr;
-  host_selector<Policy, T> selector(policy, x, n, k, threads, tuning, mr);
-  const auto sel = selector.run(words, !bitmask, report);
-  const word_classifier<Policy, T> cls(policy, x, n, sel.th.t, sel.th.t);
-  const host_isa isa = active_host_isa();
-  std::byte* offsets = out.data() + layout.block_offsets_offset;
-  parallel_for(threads, layout.blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
-    switch (layout.positions) {
-      case position_encoding::bitmask:
-        if (layout.wide()) {
-          host_compact_bitmask(cls, sel, x, n, b0, b1, words,
-                               reinterpret_cast<std::uint64_t*>(offsets), values, isa);
-        } else {
-          host_compact_bitmask(cls, sel, x, n, b0, b1, words,
-                               reinterpret_cast<std::uint32_t*>(offsets), values, isa);
-        }
-        break;
-      case position_encoding::index32:
-        host_compact_index(cls, sel, x, n, b0, b1, values,
-                           reinterpret_cast<std::uint32_t*>(positions));
-        break;
-      case position_encoding::index64:
-        host_compact_index(cls, sel, x, n, b0, b1, values,
-                           reinterpret_cast<std::uint64_t*>(positions));
-        break;
-      case position_encoding::none:
-        break;
-    }
-  });
+  auto* words =
+      bitmask ? reinterpret_cast<std::uint32_t*>(out.data() + layout.positions_offset) : nullptr;
+  host_steps<Policy, T> steps(policy, x, layout, out.data(), threads, tuning, mr, words);
+  run_selection(steps);
+  if (report != nullptr) *report = steps.report();
   return out;
 }
 
@@ -102,9 +141,9 @@ void host_restore(const payload& payload, const packed_layout& layout, T* out, d
   const T* values = reinterpret_cast<const T*>(payload.data() + layout.values_offset);
   const std::byte* positions = payload.data() + layout.positions_offset;
   const host_isa isa = active_host_isa();
-  const bool stream =
-      streaming < 0 ? host_stream_output(out, n, isa)
-                    : streaming == 1 && host_stream_output(out, std::size_t{0}, isa, true);
+  const bool stream = streaming < 0
+                          ? host_stream_output(out, n, isa)
+                          : streaming == 1 && host_stream_output(out, std::size_t{0}, isa, true);
   parallel_for(threads, layout.blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
     const std::size_t begin = b0 * block_elements;
     const std::size_t end = std::min(n, b1 * block_elements);

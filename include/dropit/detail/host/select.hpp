@@ -1,22 +1,22 @@
 /**
  * @file select.hpp
- * @brief The host's exact selection of the k largest keys (0 < k < n), ties lowest index first,
- * in about one pass over x, and the kept count before every block (the compact step's offsets).
+ * @brief The host backend of the shared selection (detail/selection.hpp): each step of
+ * `run_selection` runs on the worker pool, with the SIMD classify kernels for the count pass, and
+ * the shared `select_state` decides between the steps as it does on the device.
  *
- * 1. guess: the keys of S sampled positions (deterministic: they depend on n only), and two of
- *    their order statistics, hi and lo, that bracket the k-th largest key with a margin of
- *    `margin` standard deviations of the sample rank (exact when S = n: lo == hi == the k-th key);
- * 2. count (the one full pass over x): per block of 1024, the keys above hi and the keys in
- *    [lo, hi]; keys in the range are collected as candidates (key, offset in block) into the
- *    worker's part of a candidate buffer (with the index-list encoding, the keys above hi too);
- *    the bitmask of keys above hi goes straight into the payload's bitmask; with the bitmask
- *    encoding and few keys at or above lo, the block's values of those keys are staged (copied
- *    out while the block is in cache), so that the compact step never reads x again;
- * 3. decide: if the range holds the k-th key, select it among the candidates (`candidates`); if
- *    the range is one key, the per-block counts give the tie cut (`ties`); otherwise, or when a
- *    worker's candidate part overflows, radix-select the exact key over x and count again
- *    (`fallback`);
- * 4. the kept count per block, and its exclusive scan.
+ * What the host's steps add to the shared description:
+ * - sample: keys at deterministic, stratified positions (parallel; about 11 sqrt(n) of them,
+ *   `host_sample_size`), the range from `guess_ranks`;
+ * - count: per block of 1024 the keys above hi and in [lo, hi]; keys in the range are collected
+ *   as candidates (key, offset in block) into the worker's part of a candidate buffer (with the
+ *   index-list encoding, the keys above hi too) and counted into the worker's bucket histogram;
+ *   the bitmask of keys above hi goes straight into the payload's bitmask; with the bitmask
+ *   encoding and few keys at or above lo, the block's values of those keys are staged while the
+ *   block is in cache, so that the compact step never reads x again;
+ * - radix passes: per-worker histograms of one digit;
+ * - resolve: the chosen bucket's candidate keys, selected by `select_state::resolve_bucket`;
+ * - before the compact step (`finish`): (t, ties kept) becomes a tie cut index (`threshold`), and
+ *   the kept count before every block its exclusive scan (the payload's block offsets).
  * The result depends only on x and the policy, never on the thread count or the sample.
  */
 #pragma once
@@ -24,6 +24,7 @@
 #include <dropit/detail/host/classify.hpp>
 #include <dropit/detail/host/compress.hpp>
 #include <dropit/detail/host/parallel.hpp>
+#include <dropit/detail/selection.hpp>
 #include <dropit/detail/steps.hpp>
 #include <dropit/format.hpp>
 #include <dropit/policy.hpp>
@@ -42,18 +43,6 @@
 
 namespace dropit::detail {
 
-/// Whether the count pass stages the values of keys at or above lo (bitmask encoding only).
-enum class host_staging : std::uint8_t {
-  automatic,  ///< when x is larger than `stage_min_bytes` and at most `max_staged_fraction` of it
-              ///< is expected at or above lo
-  never,      ///< the compact step reads x again
-  always      ///< whenever the count pass collects candidates
-};
-
-/// Staging pays while the staged values are a small part of x: at gamma = 0.5, writing and
-/// reading half of x moves as many bytes as reading x again (a count of bytes, not a measurement).
-inline constexpr double max_staged_fraction = 0.3;
-
 /// Staging pays when x does not stay in the cache between the count and the compact pass: from
 /// half the last-level cache on (measured on a 320 MiB L3: equal at 128 MiB of fp32, faster from
 /// 256 MiB; README, Performance).
@@ -68,25 +57,19 @@ struct host_select_tuning {
   double margin = 3.0;          ///< half-width of the guessed range, in standard deviations
   std::size_t capacity = 0;     ///< candidate slots per worker; 0: automatic
   bool force_fallback = false;  ///< ignore the guess: exact radix select over x
-  host_staging staging = host_staging::automatic;
-  std::size_t stage_capacity = 0;   ///< staged values in all; 0: automatic
+  staging_mode staging = staging_mode::automatic;  ///< automatic: from `stage_min_bytes` on
+  std::size_t stage_capacity = 0;                  ///< staged values in all; 0: automatic
   std::size_t stage_min_bytes = 0;  ///< automatic staging from this size of x; 0: the cache's
-};
-
-/// How a selection resolved the threshold.
-enum class host_select_path : std::uint8_t {
-  candidates,  ///< the guessed range held the k-th key: selected among the candidates
-  ties,        ///< the guessed range was one key (lo == hi): tie cut from per-block counts
-  fallback     ///< the guess missed, overflowed or was ignored: exact radix select over x
 };
 
 /// What a selection did (for tests and benchmarks).
 struct host_select_report {
-  host_select_path path = host_select_path::candidates;
+  int path = path_none;       ///< select_path: how the threshold was found
+  unsigned worked = 0;        ///< select_step bits: the steps that did work
+  unsigned x_passes = 0;      ///< steps that read all of x
   std::size_t samples = 0;    ///< keys sampled
   std::size_t collected = 0;  ///< candidates (and, index list, keys above hi) collected
   bool overflow = false;      ///< a worker's candidate part was too small
-  int attempts = 0;           ///< count passes with a guessed range: 1, or 2 after a miss
   /// Blocks whose kept values the compact step took from the staged values (the others, and
   /// every block off the candidates path, are read from x again).
   std::size_t staged_blocks = 0;
@@ -177,7 +160,6 @@ struct host_stage {
 template <class Key, class T>
 struct host_selection {
   threshold<Key> th;
-  host_select_path path = host_select_path::candidates;
   /// candidates path: the kept set is the bitmask words of keys above hi plus the kept
   /// candidates (bitmask encoding), or the kept collected entries (index list); else every
   /// element is classified against `th` again.
@@ -202,15 +184,23 @@ template <class U>
   return std::unique_ptr<U[]>(new U[count == 0 ? 1 : count]);
 }
 
-/// The kept count and the tie rule of one pack, with the count pass's per-block outputs.
+/**
+ * The host backend of `run_selection` for one pack (without its compact step, which the host
+ * executor adds: host_executor.inl). The steps run in order on the calling thread, each forking
+ * onto the worker pool; `finish` turns the state into what the compact step reads.
+ */
 template <class P, class T>
 class host_selector {
  public:
   using key = key_type_t<P, T>;
+  using key_type = key;
 
-  /// `mr` supplies the count pass's stage (host_stage).
+  /// `words`: the payload's bitmask (null for the index list), which receives the mask of keys
+  /// above hi on the candidates path; `collect_above` (index list): the count pass collects those
+  /// keys as entries too. `mr` supplies the count pass's stage (host_stage).
   host_selector(const P& policy, const T* x, std::size_t n, std::size_t k, unsigned threads,
-                const host_select_tuning& tuning, std::pmr::memory_resource* mr)
+                const host_select_tuning& tuning, std::pmr::memory_resource* mr,
+                std::uint32_t* words, bool collect_above)
       : policy_(policy),
         x_(x),
         n_(n),
@@ -218,67 +208,160 @@ class host_selector {
         threads_(std::max(1u, threads)),
         blocks_((n + block_elements - 1) / block_elements),
         tuning_(tuning),
-        mr_(mr) {}
+        mr_(mr),
+        words_(words),
+        collect_above_(collect_above),
+        ctl_(n, k, ~std::size_t{0}) {
+    ctl_.forced = tuning.force_fallback;
+    sel_.above = host_buffer<std::uint32_t>(blocks_);
+    sel_.within = host_buffer<std::uint32_t>(blocks_);
+    sel_.block_start = host_buffer<std::size_t>(blocks_ + 1);
+  }
+
+  /// Step 1: the sampled keys, and the guessed range from two of their order statistics.
+  void sample() {
+    samples_ = std::min(n_, tuning_.sample != 0 ? tuning_.sample : host_sample_size(n_));
+    rep_.samples = samples_;
+    const guessed_ranks g = guess_ranks(n_, k_, samples_, tuning_.margin);
+    margin_ = g.margin;
+    sample_keys(samples_);
+    key* const b = sample_.get();
+    const auto ss = static_cast<long long>(samples_);
+    key lo{0}, hi = static_cast<key>(~key{0});
+    if (g.lo_rank < ss) {
+      std::nth_element(b, b + g.lo_rank, b + ss, std::greater<key>());
+      lo = b[g.lo_rank];
+    }
+    if (g.hi_rank >= 0) {
+      const long long end = std::min(g.lo_rank, ss);
+      if (g.hi_rank < end) std::nth_element(b, b + g.hi_rank, b + end, std::greater<key>());
+      hi = b[g.hi_rank];
+    }
+    sample_.reset();
+    ctl_.set_range(lo, hi, radix_bits);
+  }
+
+  /// Step 2: the count pass over x against the guessed range; decides the next step.
+  void count() {
+    lo_ = ctl_.lo;
+    hi_ = ctl_.hi;
+    const bool collect = ctl_.collecting();
+    if (collect) {
+      allocate_candidates(sel_.cand);
+      if (words_ != nullptr) allocate_stage(sel_.stage);
+    }
+    const counts c = count_pass(collect ? words_ : nullptr, collect, collect_above_);
+    rep_.collected = c.collected;
+    rep_.overflow = c.overflow;
+    within_total_ = c.within;
+    bucket_pick pick;
+    if (collect) {
+      std::uint32_t* hist = sel_.cand.hist.get();
+      for (unsigned p = 1; p < threads_; ++p) {
+        for (std::size_t d = 0; d < candidate_buckets; ++d)
+          hist[d] += hist[p * hist_stride + d];
+      }
+      pick =
+          pick_bucket(hist, static_cast<unsigned>(candidate_buckets), ctl_.rank_below_hi(c.above));
+    }
+    ctl_.decide(c.above, c.within, !c.overflow, pick);
+    bucket_count_ = pick.count;
+    if (ctl_.mode == mode_fallback) sel_.stage = host_stage<T>{};
+  }
+
+  /// Step 3 (fallback only): one radix pass over x, histograms per worker.
+  void radix_pass(int) {
+    if (ctl_.mode != mode_fallback) return;
+    // Per worker: the bins and one more that takes the keys not matching the digits so far.
+    constexpr std::size_t max_bins = std::size_t{1} << radix_bits;
+    constexpr std::size_t stride = max_bins + 1;
+    auto hist = std::make_unique<std::size_t[]>(threads_ * stride);
+    const word_classifier<P, T> cls(policy_, x_, n_, key{0}, key{0});
+    const std::size_t total_words = (n_ + word_elements - 1) / word_elements;
+    const radix_state<key> s = ctl_.state;
+    parallel_for(threads_, total_words, [&](std::size_t w0, std::size_t w1, unsigned t) {
+      std::size_t* h = hist.get() + t * stride;
+      key keys[word_elements];
+      for (std::size_t w = w0; w < w1; ++w) {
+        const unsigned count = cls.keys(w, keys);
+        for (unsigned j = 0; j < count; ++j)
+          ++h[s.matches(keys[j]) ? s.digit(keys[j]) : max_bins];
+      }
+    });
+    for (unsigned t = 1; t < threads_; ++t) {
+      for (unsigned d = 0; d < s.bins(); ++d)
+        hist[d] += hist[t * stride + d];
+    }
+    ctl_.advance_radix(hist.get());
+  }
+
+  /// Step 4 (resolve only): the chosen bucket's candidate keys; the threshold among them.
+  void resolve() {
+    if (ctl_.mode != mode_resolve) return;
+    const host_candidates<key>& cand = sel_.cand;
+    const std::size_t in_bucket = bucket_count_;
+    auto scratch = host_buffer<key>(in_bucket);
+    std::size_t m = 0;
+    const int shift = cand.shift;
+    const key lo = lo_, hi = hi_;
+    const std::size_t d = ctl_.bucket;
+    std::size_t b = 0;
+    while (b < blocks_) {
+      // Runs of blocks whose entries are contiguous (one worker's part).
+      std::size_t e = b + 1;
+      while (e < blocks_ && cand.at[e] == cand.at[e - 1] + cand.count[e - 1])
+        ++e;
+      const std::size_t first = cand.at[b];
+      const std::size_t last = cand.at[e - 1] + cand.count[e - 1];
+      for (std::size_t s = first; s < last && m < in_bucket; ++s) {
+        const key kv = cand.keys[s];
+        if (kv >= lo && kv <= hi && (static_cast<std::size_t>(kv - lo) >> shift) == d)
+          scratch[m++] = kv;
+      }
+      b = e;
+    }
+    ctl_.resolve_bucket(scratch.get(), m);
+    ties_total_ = 0;
+    for (std::size_t i = 0; i < m; ++i)
+      ties_total_ += scratch[i] == ctl_.t ? 1 : 0;
+  }
 
   /**
-   * Runs the selection. `words` (the payload's bitmask, or null for the index list) receives the
-   * mask of keys above hi on the candidates path; `collect_above` (index list) collects those
-   * keys as entries too.
+   * After the steps: the tie cut and each block's offset, for the compact step. The fallback
+   * counts the keys equal to t per block (one more pass over x); the other paths have their
+   * per-block counts from the count pass.
    */
-  host_selection<key, T> run(std::uint32_t* words, bool collect_above, host_select_report* report) {
-    host_selection<key, T> sel;
-    sel.above = host_buffer<std::uint32_t>(blocks_);
-    sel.within = host_buffer<std::uint32_t>(blocks_);
-    sel.block_start = host_buffer<std::size_t>(blocks_ + 1);
-    host_select_report rep;
-
-    if (!tuning_.force_fallback) {
-      const std::size_t samples =
-          std::min(n_, tuning_.sample != 0 ? tuning_.sample : host_sample_size(n_));
-      rep.samples = samples;
-      sample_keys(samples);
-      // A guess that misses is retried once with a range three times as wide (one more count
-      // pass) before the exact select over x (several passes).
-      bool done = false;
-      for (int attempt = 0; attempt < 2 && !done; ++attempt) {
-        rep.attempts = attempt + 1;
-        pick_range(samples, tuning_.margin * (attempt == 0 ? 1.0 : 3.0));
-        const bool collect = lo_ != hi_;
-        if (collect) {
-          allocate_candidates(sel.cand, samples, collect_above);
-          if (words != nullptr) allocate_stage(sel.stage, samples);
-        }
-        const counts c = count(sel, collect ? words : nullptr, collect, collect_above);
-        rep.collected = c.collected;
-        rep.overflow = c.overflow;
-        if (c.above < k_ && k_ <= c.above + c.within) {
-          if (!collect) {
-            rep.path = host_select_path::ties;
-            resolve_ties(sel, lo_, k_ - c.above, c.within);
-            done = true;
-          } else if (!c.overflow) {
-            rep.path = host_select_path::candidates;
-            resolve_candidates(sel, words, collect_above, k_ - c.above);
-            rep.staged_blocks = sel.stage.values.get() != nullptr ? sel.stage.blocks : 0;
-            done = true;
-          } else {
-            break;  // the range holds too many keys (heavy ties): a wider one holds more
-          }
-        }
-        if (samples == n_) break;  // the exact range: a wider one is the same
+  [[nodiscard]] const host_selection<key, T>& finish() {
+    switch (ctl_.path) {
+      case path_candidates:
+        finish_candidates();
+        break;
+      case path_single_key:
+        resolve_ties(ctl_.t, ctl_.ties_kept, within_total_);
+        break;
+      default: {  // path_fallback
+        lo_ = hi_ = ctl_.t;
+        const counts c = count_pass(nullptr, false, false);
+        ++ctl_.x_passes;
+        resolve_ties(ctl_.t, ctl_.ties_kept, c.within);
+        break;
       }
-      sample_.reset();
-      if (!done) {
-        sel.stage = host_stage<T>{};
-        fallback(sel, rep);
-      }
-    } else {
-      fallback(sel, rep);
     }
-    sel.path = rep.path;
-    if (report != nullptr) *report = rep;
-    return sel;
+    const bool staged = sel_.from_candidates && sel_.stage.values.get() != nullptr;
+    rep_.staged_blocks = staged ? sel_.stage.blocks : 0;
+    // The compact step reads x again unless every kept value is staged, or (index list, from
+    // the candidates) the collected entries say where the kept values are.
+    const bool reads_x = words_ != nullptr ? rep_.staged_blocks != blocks_ : !sel_.from_candidates;
+    if (reads_x) ++ctl_.x_passes;
+    ctl_.worked |= step_compact;
+    rep_.path = ctl_.path;
+    rep_.worked = ctl_.worked;
+    rep_.x_passes = ctl_.x_passes;
+    return sel_;
   }
+
+  /// What the selection did (complete after `finish`).
+  [[nodiscard]] const host_select_report& report() const noexcept { return rep_; }
 
  private:
   struct counts {
@@ -322,50 +405,15 @@ class host_selector {
         });
   }
 
-  /// Reads hi and lo off the sample: the order statistics `margin` standard deviations of the
-  /// sample rank either side of the k-th key's expected rank (both the k-th key for S = n).
-  void pick_range(std::size_t samples, double margin_sd) {
-    long long hi_rank = 0, lo_rank = 0;
-    if (samples == n_) {
-      hi_rank = lo_rank = static_cast<long long>(k_) - 1;
-    } else {
-      const double sd = static_cast<double>(samples);
-      const double q = static_cast<double>(k_) / static_cast<double>(n_);
-      const auto margin =
-          static_cast<long long>(std::ceil(margin_sd * std::sqrt(sd * q * (1 - q)))) + 1;
-      const auto rank = static_cast<long long>(std::ceil(q * sd)) - 1;
-      hi_rank = rank - margin;
-      lo_rank = rank + margin;
-      margin_ = static_cast<std::size_t>(margin);
-    }
-    key* const b = sample_.get();
-    const auto ss = static_cast<long long>(samples);
-    if (lo_rank < ss) {
-      std::nth_element(b, b + lo_rank, b + ss, std::greater<key>());
-      lo_ = b[lo_rank];
-    } else {
-      lo_ = key{0};
-    }
-    if (hi_rank >= 0) {
-      const long long end = std::min(lo_rank, ss);
-      if (hi_rank < end) std::nth_element(b, b + hi_rank, b + end, std::greater<key>());
-      hi_ = b[hi_rank];
-    } else {
-      hi_ = static_cast<key>(~key{0});
-    }
-  }
-
   /**
    * The stage of the count pass, when it pays (`max_staged_fraction`) and its memory is there: a
    * stage that cannot be had only costs the second read of x, so it is not an error.
    */
-  void allocate_stage(host_stage<T>& stage, std::size_t samples) {
+  void allocate_stage(host_stage<T>& stage) {
     stage = host_stage<T>{};
-    if (tuning_.staging == host_staging::never) return;
-    const double expected = static_cast<double>(k_) + static_cast<double>(n_) *
-                                                          static_cast<double>(2 * margin_ + 1) /
-                                                          static_cast<double>(samples);
-    if (tuning_.staging == host_staging::automatic) {
+    if (tuning_.staging == staging_mode::never) return;
+    const double expected = static_cast<double>(k_) + expected_candidates();
+    if (tuning_.staging == staging_mode::automatic) {
       const std::size_t min_bytes =
           tuning_.stage_min_bytes != 0 ? tuning_.stage_min_bytes : host_stage_min_bytes();
       if (n_ * sizeof(T) < min_bytes || expected > max_staged_fraction * static_cast<double>(n_))
@@ -386,12 +434,15 @@ class host_selector {
     }
   }
 
-  void allocate_candidates(host_candidates<key>& cand, std::size_t samples, bool collect_above) {
+  /// Candidates expected in the guessed range.
+  [[nodiscard]] double expected_candidates() const noexcept {
+    return detail::expected_candidates(n_, samples_, guessed_ranks{0, 0, margin_});
+  }
+
+  void allocate_candidates(host_candidates<key>& cand) {
     std::size_t cap = tuning_.capacity;
     if (cap == 0) {
-      const double expected = static_cast<double>(n_) * static_cast<double>(2 * margin_ + 1) /
-                              static_cast<double>(samples);
-      cap = static_cast<std::size_t>(2 * expected) + 4096 + (collect_above ? k_ : 0);
+      cap = static_cast<std::size_t>(2 * expected_candidates()) + 4096 + (collect_above_ ? k_ : 0);
     }
     cand.part_cap = std::min(cap, n_);
     cand.keys = host_buffer<key>(cand.stride() * threads_);
@@ -399,18 +450,16 @@ class host_selector {
     cand.at = host_buffer<std::size_t>(blocks_);
     cand.count = host_buffer<std::uint32_t>(blocks_);
     cand.hist = std::make_unique<std::uint32_t[]>(hist_stride * threads_);
-    const auto range_bits = static_cast<int>(
-        std::bit_width(static_cast<std::uint64_t>(hi_) - static_cast<std::uint64_t>(lo_)));
-    cand.shift = range_bits > radix_bits ? range_bits - radix_bits : 0;
+    cand.shift = ctl_.shift;
   }
 
   /**
-   * The count pass over x against [lo_, hi_]: per block the keys above hi (`sel.above`) and in
-   * the range (`sel.within`); with `collect`, the entries into the candidate parts, and the mask of
-   * keys above hi into `words` (when not null).
+   * The count pass over x against [lo_, hi_]: per block the keys above hi (`sel_.above`) and in
+   * the range (`sel_.within`); with `collect`, the entries into the candidate parts, and the mask
+   * of keys above hi into `words` (when not null).
    */
-  counts count(host_selection<key, T>& sel, std::uint32_t* words, bool collect,
-               bool collect_above) {
+  counts count_pass(std::uint32_t* words, bool collect, bool collect_above) {
+    host_selection<key, T>& sel = sel_;
     // Per worker: its counts, how much of its candidate part it has used, and its stage slab. A
     // worker may run several chunks of blocks; its entries stay in index order within each chunk.
     struct alignas(64) part {
@@ -533,58 +582,16 @@ class host_selector {
     return total;
   }
 
-  /// The candidates path: the r-th largest candidate key, the tie cut, the per-block counts.
-  void resolve_candidates(host_selection<key, T>& sel, std::uint32_t* words, bool collect_above,
-                          std::size_t r) {
+  /// The candidates path: the tie cut (among the candidates, in index order) and the kept count
+  /// per block: keys above hi plus the kept candidates, whose bits join the bitmask.
+  void finish_candidates() {
+    host_selection<key, T>& sel = sel_;
     const host_candidates<key>& cand = sel.cand;
-    // The bucket that holds the r-th largest candidate key.
-    std::uint32_t* hist = cand.hist.get();
-    for (unsigned p = 1; p < threads_; ++p) {
-      for (std::size_t d = 0; d < candidate_buckets; ++d)
-        hist[d] += hist[p * hist_stride + d];
-    }
-    std::size_t d = candidate_buckets - 1, higher = 0;
-    while (d > 0 && higher + hist[d] < r)
-      higher += hist[d--];
-    const std::size_t in_bucket = hist[d];
-    const std::size_t rank = r - higher;  // in the bucket, 1-based, from the top
-    // Its keys, then the exact order statistic among them.
-    auto scratch = host_buffer<key>(in_bucket);
-    {
-      std::size_t m = 0;
-      const int shift = cand.shift;
-      const key lo = lo_, hi = hi_;
-      std::size_t b = 0;
-      while (b < blocks_) {
-        // Runs of blocks whose entries are contiguous (one worker's part).
-        std::size_t e = b + 1;
-        while (e < blocks_ && cand.at[e] == cand.at[e - 1] + cand.count[e - 1])
-          ++e;
-        const std::size_t first = cand.at[b];
-        const std::size_t last = cand.at[e - 1] + cand.count[e - 1];
-        for (std::size_t s = first; s < last && m < in_bucket; ++s) {
-          const key kv = cand.keys[s];
-          if (kv >= lo && kv <= hi && (static_cast<std::size_t>(kv - lo) >> shift) == d)
-            scratch[m++] = kv;
-        }
-        b = e;
-      }
-    }
-    key* const a = scratch.get();
-    std::nth_element(a, a + (rank - 1), a + in_bucket, std::greater<key>());
-    const key t = a[rank - 1];
-    std::size_t greater_count = higher;
-    for (std::size_t i = 0; i + 1 < rank; ++i)
-      greater_count += a[i] > t ? 1 : 0;
-    const std::size_t ties_kept = r - greater_count;
-    std::size_t ties = ties_kept;
-    for (std::size_t i = rank; i < in_bucket; ++i)
-      ties += a[i] == t ? 1 : 0;
-    scratch.reset();
-
+    const key t = ctl_.t;
+    const std::size_t ties_kept = ctl_.ties_kept;
     sel.th.t = t;
     sel.th.cut = n_;
-    if (ties_kept < ties) {
+    if (ties_kept < ties_total_) {
       // The cut: one past the ties_kept-th candidate equal to t, in index order.
       std::size_t seen = 0;
       for (std::size_t b = 0; b < blocks_ && sel.th.cut == n_; ++b) {
@@ -599,12 +606,11 @@ class host_selector {
     }
     sel.from_candidates = true;
     sel.hi = hi_;
-
-    // Kept per block: keys above hi (bitmask; the index list holds them as entries) plus the
-    // kept entries, whose bits join the bitmask.
     const threshold<key> th = sel.th;
     std::size_t* start = sel.block_start.get();
     const std::uint32_t* above = sel.above.get();
+    std::uint32_t* const words = words_;
+    const bool collect_above = collect_above_;
     parallel_for(threads_, blocks_, [&](std::size_t b0, std::size_t b1, unsigned) {
       for (std::size_t b = b0; b < b1; ++b) {
         std::size_t kept = collect_above ? 0 : above[b];
@@ -623,9 +629,9 @@ class host_selector {
     });
     scan_block_start(sel);
   }
-
   /// lo == hi == t holds the k-th key: `ties_kept` of the `ties` keys equal to t are kept.
-  void resolve_ties(host_selection<key, T>& sel, key t, std::size_t ties_kept, std::size_t ties) {
+  void resolve_ties(key t, std::size_t ties_kept, std::size_t ties) {
+    host_selection<key, T>& sel = sel_;
     sel.th.t = t;
     sel.th.cut = n_;
     sel.from_candidates = false;
@@ -655,43 +661,8 @@ class host_selector {
     scan_block_start(sel);
   }
 
-  /// Exact radix select over x, then a second count pass with lo == hi == the k-th key.
-  void fallback(host_selection<key, T>& sel, host_select_report& rep) {
-    rep.path = host_select_path::fallback;
-    // Per worker: the bins and one more that takes the keys not matching the digits so far.
-    constexpr std::size_t max_bins = std::size_t{1} << radix_bits;
-    constexpr std::size_t stride = max_bins + 1;
-    radix_state<key> state(k_);
-    auto hist = host_buffer<std::size_t>(threads_ * stride);
-    const word_classifier<P, T> cls(policy_, x_, n_, key{0}, key{0});
-    const std::size_t total_words = (n_ + word_elements - 1) / word_elements;
-    while (!state.done()) {
-      const unsigned bins = state.bins();
-      std::fill(hist.get(), hist.get() + threads_ * stride, std::size_t{0});
-      parallel_for(threads_, total_words, [&](std::size_t w0, std::size_t w1, unsigned t) {
-        std::size_t* h = hist.get() + t * stride;
-        const radix_state<key> s = state;
-        key keys[word_elements];
-        for (std::size_t w = w0; w < w1; ++w) {
-          const unsigned count = cls.keys(w, keys);
-          for (unsigned j = 0; j < count; ++j)
-            ++h[s.matches(keys[j]) ? s.digit(keys[j]) : max_bins];
-        }
-      });
-      for (unsigned t = 1; t < threads_; ++t) {
-        for (unsigned d = 0; d < bins; ++d)
-          hist[d] += hist[t * stride + d];
-      }
-      state.advance(hist.get());
-    }
-    hist.reset();
-    lo_ = hi_ = state.prefix;
-    const counts c = count(sel, nullptr, false, false);
-    resolve_ties(sel, state.prefix, state.rank, c.within);
-  }
-
   /// Turns the per-block kept counts in block_start into their exclusive scan.
-  void scan_block_start(host_selection<key, T>& sel) const {
+  void scan_block_start(host_selection<key, T>& sel) const noexcept {
     std::size_t total = 0;
     for (std::size_t b = 0; b < blocks_; ++b) {
       const std::size_t kept = sel.block_start[b];
@@ -709,9 +680,18 @@ class host_selector {
   std::size_t blocks_;
   host_select_tuning tuning_;
   std::pmr::memory_resource* mr_;
-  key hi_{};
+  std::uint32_t* words_;
+  bool collect_above_;
+  select_state<key> ctl_;
+  host_selection<key, T> sel_;
+  host_select_report rep_;
+  key hi_{};  ///< the range of the current count pass
   key lo_{};
-  std::size_t margin_ = 0;
+  std::size_t samples_ = 0;
+  std::size_t margin_ = 0;         ///< half-width of the guessed range in sample ranks
+  std::size_t within_total_ = 0;   ///< keys in [lo, hi] (lo == hi: keys equal to t)
+  std::size_t bucket_count_ = 0;   ///< candidates in the bucket of the k-th key
+  std::size_t ties_total_ = 0;     ///< candidates equal to t (candidates path)
   std::unique_ptr<key[]> sample_;  ///< the sampled keys (partly ordered)
 };
 
