@@ -110,7 +110,7 @@ int child(unsigned threads, long n_fail, bool over_old_content) {
     cache.pack(dropit::host_executor{.threads = 1}, old);
     cache.restore(dropit::host_executor{.threads = 1}, std::span<float>(old));
   }
-  const dropit::host_executor exec{.threads = threads};
+  const dropit::host_executor exec{.threads = threads, .adaptive = false};
   fail_at = n_fail;
   calls = 0;
   armed = true;
@@ -216,7 +216,7 @@ TEST_CASE("a thread count above host_executor::max_threads is an error, before a
                        dropit::error);
   CHECK(cache.empty());
   CHECK(process_threads() == before);
-  cache.pack(dropit::host_executor{.threads = 2}, x);
+  cache.pack(dropit::host_executor{.threads = 2, .adaptive = false}, x);
   std::vector<float> out(x.size());
   CHECK_THROWS_WITH_AS(cache.restore(dropit::host_executor{.threads = 1025}, std::span<float>(out)),
                        "dropit: host_executor: threads must be at most 1024, got 1025",

@@ -34,7 +34,8 @@ input make_input(std::uint64_t seed) {
 
 bool restores_to(const mink& cache, const std::vector<float>& dense, unsigned threads) {
   std::vector<float> out(dense.size(), 1.0f);
-  cache.restore(dropit::host_executor{.threads = threads}, std::span<float>(out));
+  cache.restore(dropit::host_executor{.threads = threads, .adaptive = false},
+                std::span<float>(out));
   return same_bits(std::span<const float>(out), std::span<const float>(dense));
 }
 
@@ -52,7 +53,7 @@ TEST_CASE("concurrency: many caches packed at once, each equal to the oracle") {
         for (unsigned r = 0; r < 3; ++r) {
           const input& in = inputs[(c + r) % inputs.size()];
           mink cache;
-          cache.pack(dropit::host_executor{.threads = 1 + (c + r) % 3},
+          cache.pack(dropit::host_executor{.threads = 1 + (c + r) % 3, .adaptive = false},
                      std::span<const float>(in.x));
           if (!restores_to(cache, in.dense, 2)) ++wrong;
         }
@@ -68,7 +69,8 @@ TEST_CASE("concurrency: packs and restores nested in a parallel_for body") {
   dropit::detail::parallel_for(3, 6, [&](std::size_t b, std::size_t e, unsigned) {
     for (std::size_t i = b; i < e; ++i) {
       mink cache;
-      cache.pack(dropit::host_executor{.threads = 2}, std::span<const float>(in.x));
+      cache.pack(dropit::host_executor{.threads = 2, .adaptive = false},
+                 std::span<const float>(in.x));
       if (!restores_to(cache, in.dense, 2)) ++wrong;
     }
   });
@@ -78,7 +80,7 @@ TEST_CASE("concurrency: packs and restores nested in a parallel_for body") {
 TEST_CASE("concurrency: one cache restored by many threads at once") {
   const input in = make_input(11);
   mink cache;
-  cache.pack(dropit::host_executor{.threads = 2}, std::span<const float>(in.x));
+  cache.pack(dropit::host_executor{.threads = 2, .adaptive = false}, std::span<const float>(in.x));
   std::atomic<int> wrong{0};
   {
     std::vector<std::jthread> readers;

@@ -44,7 +44,9 @@ struct on_host {
   using buffer = host_buffer<U>;
   static constexpr dropit::memory_space space = dropit::memory_space::host;
   struct session {
-    [[nodiscard]] dropit::host_executor exec() const { return {.threads = Threads}; }
+    [[nodiscard]] dropit::host_executor exec() const {
+      return {.threads = Threads, .adaptive = false};
+    }
     template <class U>
     [[nodiscard]] std::vector<U> to_host(const host_buffer<U>& b) const {
       return {b.cspan().begin(), b.cspan().end()};

@@ -6,7 +6,9 @@
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <limits>
 #include <memory_resource>
 #include <thread>
@@ -369,12 +371,12 @@ TEST_CASE_TEMPLATE("host selection: sizes around block boundaries and the parall
       }
       // Through the executor too (its threshold picks the thread count).
       dropit::SparseCache<T, dropit::MinK<>> c{dropit::MinK<>{g}};
-      c.pack(dropit::host_executor{.threads = 2}, x);
+      c.pack(dropit::host_executor{.threads = 2, .adaptive = false}, x);
       const auto b = c.payload();
       CHECK(std::vector<std::byte>(b.begin(), b.end()) ==
             expected_payload<T>(x, oracle_mink<T>(x, c.kept())));
       std::vector<T> out(n);
-      c.restore(dropit::host_executor{.threads = 2}, std::span<T>(out));
+      c.restore(dropit::host_executor{.threads = 2, .adaptive = false}, std::span<T>(out));
       CHECK(same_bits<T>(out, dense_from<T>(x, oracle_mink<T>(x, c.kept()))));
     }
   }
@@ -444,6 +446,64 @@ TEST_CASE("inputs below the parallel threshold take the single-thread path") {
   CHECK(dropit::host_executor{}.thread_count(pt) == dropit::detail::hardware_threads());
 }
 
+TEST_CASE("an adaptive executor forks only when the measured fork-join cost is below the work") {
+  using dropit::detail::call_threads;
+  using dropit::detail::fork_meter;
+  const std::size_t small = std::size_t{1} << 17, large = std::size_t{1} << 24;
+  const dropit::host_executor two{.threads = 2};
+  const dropit::host_executor fixed{.threads = 2, .adaptive = false};
+  // Workers that sleep (50 us a fork-join): a pack of 2^17 elements (about 60 us of work, 4
+  // fork-joins) stays on the caller, a restore too; 2^24 elements pay for the forks.
+  fork_meter::set(50'000);
+  CHECK(call_threads(two, small, dropit::detail::pack_cost) == 1);
+  CHECK(call_threads(two, small, dropit::detail::restore_cost) == 1);
+  CHECK(call_threads(two, large, dropit::detail::pack_cost) == 2);
+  CHECK(call_threads(two, large, dropit::detail::restore_cost) == 2);
+  CHECK(call_threads(fixed, small, dropit::detail::pack_cost) == 2);
+  CHECK(call_threads(two, small - 1, dropit::detail::pack_cost) == 1);  // below the threshold
+  // Spinning workers (half a microsecond): 2^17 elements are worth two threads.
+  fork_meter::set(500);
+  CHECK(call_threads(two, small, dropit::detail::pack_cost) == 2);
+  CHECK(call_threads(two, small, dropit::detail::restore_cost) == 2);
+  // A run of declined calls forks once every probe_every calls, to measure again.
+  fork_meter::set(50'000);
+  int forked = 0;
+  for (unsigned i = 0; i < 4 * fork_meter::probe_every; ++i)
+    forked += call_threads(two, small, dropit::detail::pack_cost) == 2;
+  CHECK(forked == 4);
+
+  // The pack and restore that stay on the caller fork nothing, and give the same bytes.
+  const auto x = normal_values<float>(small, 3);
+  dropit::SparseCache<float, dropit::MinK<0.9>> a, b;
+  fork_meter::set(50'000);
+  const auto before = fork_meter::samples();
+  a.pack(two, std::span<const float>(x));
+  std::vector<float> out_a(small), out_b(small);
+  a.restore(two, std::span<float>(out_a));
+  CHECK(fork_meter::samples() == before);
+  b.pack(fixed, std::span<const float>(x));
+  b.restore(fixed, std::span<float>(out_b));
+  CHECK(fork_meter::samples() >= before + 5);  // 4 in the pack, 1 in the restore
+  CHECK(std::ranges::equal(a.payload(), b.payload()));
+  CHECK(same_bits<float>(out_a, out_b));
+}
+
+TEST_CASE("parallel_for measures each fork-join's overhead: wall time less busy time / threads") {
+  using dropit::detail::fork_meter;
+  fork_meter::set(0, true);
+  // Two chunks, one of which sleeps 2 ms: whoever runs it, the other thread idles for it, so the
+  // overhead is about 1 ms (clipped to max_sample_ns); the first sample is the estimate.
+  dropit::detail::parallel_for(2, 2, [](std::size_t b, std::size_t, unsigned) {
+    if (b == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  });
+  CHECK(fork_meter::samples() == 1);
+  CHECK(fork_meter::overhead_ns() == fork_meter::max_sample_ns);
+  // Later samples move the estimate by 1/8 of the difference.
+  fork_meter::record(0);
+  CHECK(fork_meter::overhead_ns() == fork_meter::max_sample_ns - fork_meter::max_sample_ns / 8);
+  fork_meter::set(0, true);
+}
+
 TEST_CASE("parallel_for covers every item once, for any thread and item count") {
   for (unsigned threads : {1u, 2u, 3u, 5u, 16u}) {
     for (std::size_t items : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{7},
@@ -477,9 +537,8 @@ TEST_CASE("packs from concurrent threads and nested calls give the same bytes") 
     callers.emplace_back([&] {
       for (int r = 0; r < 5; ++r) {
         dropit::SparseCache<float, dropit::MinK<0.9>> cache;
-        cache.pack(dropit::host_executor{.threads = 2}, x);
-        const auto b = cache.payload();
-        if (std::vector<std::byte>(b.begin(), b.end()) != want) ++wrong;
+        cache.pack(dropit::host_executor{.threads = 2, .adaptive = false}, x);
+        if (!std::ranges::equal(cache.payload(), want)) ++wrong;
       }
     });
   }
@@ -489,9 +548,8 @@ TEST_CASE("packs from concurrent threads and nested calls give the same bytes") 
   dropit::detail::parallel_for(2, 4, [&](std::size_t b, std::size_t e, unsigned) {
     for (std::size_t i = b; i < e; ++i) {
       dropit::SparseCache<float, dropit::MinK<0.9>> cache;
-      cache.pack(dropit::host_executor{.threads = 2}, x);
-      const auto p = cache.payload();
-      if (std::vector<std::byte>(p.begin(), p.end()) != want) ++wrong;
+      cache.pack(dropit::host_executor{.threads = 2, .adaptive = false}, x);
+      if (!std::ranges::equal(cache.payload(), want)) ++wrong;
     }
   });
   CHECK(wrong.load() == 0);

@@ -37,8 +37,8 @@ TEST_CASE_TEMPLATE("payloads do not depend on the thread count", T, DROPIT_TEST_
   const std::size_t n = (std::size_t{1} << 20) + 7;
   const auto x = normal_values<T>(n, 99);
   const dropit::host_executor one{.threads = 1};
-  const dropit::host_executor two{.threads = 2};
-  const dropit::host_executor three{.threads = 3};
+  const dropit::host_executor two{.threads = 2, .adaptive = false};
+  const dropit::host_executor three{.threads = 3, .adaptive = false};
   for (double g : {0.5, 0.9, 0.99}) {
     CAPTURE(g);
     const auto a = payload_bytes<T>(dropit::Random<>{g, 5}, x, one);
@@ -153,7 +153,7 @@ class counting_resource : public std::pmr::memory_resource {
 
 TEST_CASE("a configured host executor takes the payload from its memory resource") {
   counting_resource mr;
-  const dropit::host_executor exec{.threads = 2, .resource = &mr};
+  const dropit::host_executor exec{.threads = 2, .resource = &mr, .adaptive = false};
   const auto x = normal_values<float>(1 << 20, 4);
   {
     dropit::SparseCache<float, dropit::MinK<0.9>> cache;

@@ -6,6 +6,8 @@
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -35,6 +37,36 @@ bool same(const torch::Tensor& a, const torch::Tensor& b) {
   const auto nan_a = a.isnan(), nan_b = b.isnan();
   return torch::equal(nan_a, nan_b) &&
          torch::equal(a.masked_fill(nan_a, 0), b.masked_fill(nan_b, 0));
+}
+
+// ---- fork-joins -------------------------------------------------------------------------------
+
+TEST_CASE("the adapter's kernels fork only when dropit's fork_meter says it pays") {
+  using dropit::detail::fork_meter;
+  using dropit::torch::detail::parallel_pieces;
+  for (std::uint64_t overhead : {std::uint64_t{0}, std::uint64_t{1} << 40}) {
+    CAPTURE(overhead);
+    fork_meter::set(overhead);
+    const auto forks = fork_meter::samples();
+    std::vector<int> hits(100003, 0);
+    std::atomic<int> calls{0};
+    parallel_pieces(3, 100003, 1000, 1.0, [&](std::int64_t b, std::int64_t e) {
+      ++calls;
+      CHECK(((b - 3) % 1000 == 0 || b == 3));  // pieces start on the grain
+      for (std::int64_t i = b; i < e; ++i)
+        ++hits[static_cast<std::size_t>(i)];
+    });
+    CHECK(std::count(hits.begin() + 3, hits.end(), 1) == 100000);
+    CHECK(std::count(hits.begin(), hits.begin() + 3, 0) == 3);
+    if (overhead == 0) {
+      CHECK(calls.load() > 1);  // two threads: pieces
+      CHECK(fork_meter::samples() == forks + 1);
+    } else {
+      CHECK(calls.load() == 1);  // one call on the caller, nothing forked
+      CHECK(fork_meter::samples() == forks);
+    }
+  }
+  fork_meter::set(0);
 }
 
 // ---- ReLU ------------------------------------------------------------------------------------

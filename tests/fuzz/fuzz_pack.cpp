@@ -128,8 +128,9 @@ void with_type(const std::uint8_t* data, std::size_t size) {
       x[i] = x[i % period];
   }
   const bool bad_exec = (exec_byte & 0x0f) == 0x0f;
-  const dropit::host_executor exec{.threads = bad_exec ? dropit::host_executor::max_threads + 1
-                                                       : 1u + (exec_byte & 0x0f) % 3u};
+  const dropit::host_executor exec{
+      .threads = bad_exec ? dropit::host_executor::max_threads + 1 : 1u + (exec_byte & 0x0f) % 3u,
+      .adaptive = false};
   const std::span<const T> xs(x);
 
   if (gamma_byte > 250) {

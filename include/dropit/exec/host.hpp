@@ -57,10 +57,21 @@ struct host_executor {
   unsigned threads = 0;  ///< worker threads (at most max_threads); 0 means all hardware threads
   std::pmr::memory_resource* resource =
       nullptr;  ///< payload memory; null means the default resource
+  /**
+   * @brief Whether a call may run on fewer threads than `thread_count(n)` when forking would
+   * cost more than it saves. The executor measures what its fork-joins cost (from about a
+   * microsecond when the workers spin to tens of microseconds when they sleep, e.g. OpenMP with
+   * OMP_WAIT_POLICY=passive in a LibTorch process on a busy virtual machine) and keeps a call on
+   * the calling thread when the work it would hand to the other threads is smaller than that.
+   * The payload and the output are the same whatever the thread count. false: always
+   * `thread_count(n)` threads.
+   */
+  bool adaptive = true;
 
   /// @brief Throws `dropit::error` if `threads` exceeds max_threads (pack and restore call it).
   void check_threads() const;
-  /// @brief The thread count this executor uses for inputs of n elements.
+  /// @brief The most threads this executor uses for inputs of n elements (1 below
+  /// `parallel_threshold`; an `adaptive` executor may use fewer, see there).
   [[nodiscard]] unsigned thread_count(std::size_t n) const noexcept;
   /// @brief The memory resource payloads come from.
   [[nodiscard]] std::pmr::memory_resource* memory_resource() const noexcept {

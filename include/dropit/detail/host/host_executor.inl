@@ -26,6 +26,27 @@ inline unsigned host_executor::thread_count(std::size_t n) const noexcept {
 
 namespace detail {
 
+/**
+ * What a call costs on one thread, for `fork_meter::pays`: ns per element (fp32, one thread,
+ * 2^17 to 2^20 elements on the 2-core development machine: `host_bench --benchmark_filter=
+ * '^threads/'`, the `/1/` cases) and the fork-joins it makes on several threads.
+ */
+struct call_cost {
+  double ns_per_element;
+  unsigned forks;
+};
+inline constexpr call_cost pack_cost{0.45, 4};     ///< count, tie cut, compact, + the sample's
+inline constexpr call_cost restore_cost{0.09, 1};  ///< one expand pass
+
+/// The threads a call on n elements runs on: `thread_count(n)`, or 1 when the executor is
+/// adaptive and forking would cost more than it saves.
+[[nodiscard]] inline unsigned call_threads(const host_executor& e, std::size_t n,
+                                           call_cost cost) noexcept {
+  const unsigned t = e.thread_count(n);
+  if (t <= 1 || !e.adaptive) return t;
+  return fork_meter::pays(t, cost.ns_per_element * static_cast<double>(n), cost.forks) ? t : 1;
+}
+
 inline void release_host(void* resource, void*, std::byte* data, std::size_t bytes) noexcept {
   static_cast<std::pmr::memory_resource*>(resource)->deallocate(data, bytes, 64);
 }
@@ -188,14 +209,17 @@ template <class T, class Policy>
 detail::payload host_executor::pack(const Policy& policy, const T* x,
                                     const packed_layout& layout) const {
   check_threads();
-  return detail::host_pack(policy, x, layout, thread_count(layout.n), memory_resource());
+  return detail::host_pack(policy, x, layout,
+                           detail::call_threads(*this, layout.n, detail::pack_cost),
+                           memory_resource());
 }
 
 template <class T>
 void host_executor::restore(const detail::payload& payload, const packed_layout& layout, T* out,
                             double scale) const {
   check_threads();
-  detail::host_restore(payload, layout, out, scale, thread_count(layout.n));
+  detail::host_restore(payload, layout, out, scale,
+                       detail::call_threads(*this, layout.n, detail::restore_cost));
 }
 
 }  // namespace dropit

@@ -211,6 +211,88 @@ class thread_pool {
   std::atomic<bool> stop_{false};
 };
 
+/**
+ * What a fork-join costs here and now, measured on the fork-joins themselves: a fork-join's
+ * overhead is its wall time less its threads' busy time divided by the thread count (waking the
+ * helpers, their start, the join, any imbalance), averaged over recent fork-joins. It ranges from
+ * about a microsecond (helpers spinning, e.g. OpenMP's default policy right after another
+ * parallel region) to tens of microseconds (helpers asleep on a busy virtual machine, e.g. OpenMP
+ * with OMP_WAIT_POLICY=passive in a LibTorch process: mostly the caller's wake-up at the join).
+ * The executors fork only when the work a call moves to the helpers exceeds what its fork-joins
+ * cost (`fork_pays`), so small calls stay on the calling thread where forking is dear.
+ */
+class fork_meter {
+ public:
+  /// Samples above this are clipped: a preempted fork says little about the next one.
+  static constexpr std::uint64_t max_sample_ns = 200'000;
+  /// Calls declined in a row after which one forks anyway, so that the estimate follows the
+  /// machine when forking becomes cheap again.
+  static constexpr unsigned probe_every = 32;
+
+  /// The current estimate of one fork-join's overhead, ns (0 before the first fork-join).
+  [[nodiscard]] static std::uint64_t overhead_ns() noexcept {
+    return average().load(std::memory_order_relaxed);
+  }
+  /// Fork-joins measured so far (tests).
+  [[nodiscard]] static std::uint64_t samples() noexcept {
+    return count().load(std::memory_order_relaxed);
+  }
+  /// Adds one fork-join's overhead to the moving average (weight 1/8). Concurrent calls may
+  /// lose a sample, never corrupt the estimate.
+  static void record(std::uint64_t ns) noexcept {
+    ns = std::min(ns, max_sample_ns);
+    const std::uint64_t old = average().load(std::memory_order_relaxed);
+    const std::uint64_t next =
+        count().load(std::memory_order_relaxed) == 0 ? ns : old - old / 8 + ns / 8;
+    average().store(next, std::memory_order_relaxed);
+    count().fetch_add(1, std::memory_order_relaxed);
+  }
+  /// Sets the estimate (tests; 0 with `reset_samples` forgets every sample).
+  static void set(std::uint64_t ns, bool reset_samples = false) noexcept {
+    average().store(ns, std::memory_order_relaxed);
+    if (reset_samples) count().store(0, std::memory_order_relaxed);
+    declined().store(0, std::memory_order_relaxed);
+  }
+
+  /**
+   * Whether running `serial_ns` of work on `threads` threads with `forks` fork-joins is faster
+   * than running it on the caller alone: forks x overhead < serial_ns x (1 - 1/threads). Every
+   * `probe_every`-th call in a row that this declines is accepted, to measure the overhead again.
+   */
+  [[nodiscard]] static bool pays(unsigned threads, double serial_ns, unsigned forks) noexcept {
+    if (threads <= 1) return false;
+    const double saved = serial_ns * (1.0 - 1.0 / static_cast<double>(threads));
+    if (static_cast<double>(forks) * static_cast<double>(overhead_ns()) < saved) {
+      declined().store(0, std::memory_order_relaxed);
+      return true;
+    }
+    if (declined().fetch_add(1, std::memory_order_relaxed) + 1 < probe_every) return false;
+    declined().store(0, std::memory_order_relaxed);
+    return true;
+  }
+
+ private:
+  static std::atomic<std::uint64_t>& average() noexcept {
+    static std::atomic<std::uint64_t> a{0};
+    return a;
+  }
+  static std::atomic<std::uint64_t>& count() noexcept {
+    static std::atomic<std::uint64_t> c{0};
+    return c;
+  }
+  static std::atomic<unsigned>& declined() noexcept {
+    static std::atomic<unsigned> d{0};
+    return d;
+  }
+};
+
+/// Nanoseconds on the steady clock.
+[[nodiscard]] inline std::uint64_t now_ns() noexcept {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
 /// Wakes the workers of a coming fork-join over `threads` threads (the pool's; OpenMP's threads
 /// spin on their own), so that their wake-up overlaps the caller's serial work.
 inline void parallel_prewake(unsigned threads) {
@@ -245,6 +327,7 @@ void parallel_for(unsigned threads, std::size_t items, F&& f) {
     F* f;
     std::size_t items;
     std::size_t chunks;
+    std::atomic<std::uint64_t> busy{0};  ///< ns the threads spent in chunks
   } ctx{&f, items, chunk_count(items, threads)};
   auto run = [](void* p, std::size_t c, unsigned worker) {
     auto* x = static_cast<context*>(p);
@@ -252,18 +335,41 @@ void parallel_for(unsigned threads, std::size_t items, F&& f) {
     const std::size_t end = (c + 1) * x->items / x->chunks;
     (*x->f)(begin, end, worker);
   };
+  // The fork-join's overhead for fork_meter: wall time less busy time / threads.
+  const std::uint64_t start = now_ns();
+  auto measure = [&] {
+    const std::uint64_t wall = now_ns() - start;
+    const std::uint64_t ideal = ctx.busy.load(std::memory_order_relaxed) / threads;
+    fork_meter::record(wall > ideal ? wall - ideal : 0);
+  };
 #if defined(_OPENMP)
   std::atomic<std::size_t> next{0};
 #pragma omp parallel num_threads(static_cast <int>(threads))
   {
     const auto worker = static_cast<unsigned>(omp_get_thread_num());
+    const std::uint64_t t0 = now_ns();
+    bool ran = false;
     for (std::size_t c = next.fetch_add(1, std::memory_order_relaxed); c < ctx.chunks;
          c = next.fetch_add(1, std::memory_order_relaxed)) {
       run(&ctx, c, worker);
+      ran = true;
     }
+    if (ran) ctx.busy.fetch_add(now_ns() - t0, std::memory_order_relaxed);
   }
+  measure();
 #else
-  if (thread_pool::instance().try_run(threads, ctx.chunks, run, &ctx)) return;
+  auto timed = [](void* p, std::size_t c, unsigned worker) {
+    auto* x = static_cast<context*>(p);
+    const std::uint64_t t0 = now_ns();
+    const std::size_t begin = c * x->items / x->chunks;
+    const std::size_t end = (c + 1) * x->items / x->chunks;
+    (*x->f)(begin, end, worker);
+    x->busy.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+  };
+  if (thread_pool::instance().try_run(threads, ctx.chunks, timed, &ctx)) {
+    measure();
+    return;
+  }
   // The pool is busy (a concurrent or nested call): threads of this call's own.
   std::atomic<std::size_t> next{0};
   auto claim = [&](unsigned worker) {

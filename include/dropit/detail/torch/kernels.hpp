@@ -11,6 +11,7 @@
  */
 #pragma once
 
+#include <dropit/detail/host/parallel.hpp>
 #include <dropit/detail/torch/kernels_sse2.hpp>
 
 #include <ATen/Parallel.h>
@@ -48,6 +49,37 @@ inline T keep_or_zero(T v, std::uint32_t keep) noexcept {
 /// Words per parallel task of the mask kernels (32 Ki elements).
 inline constexpr std::int64_t mask_grain_words = 1024;
 
+/// Serial cost of the mask kernels, ns per element (one thread, fp32, 2^17 to 2^19 elements on the
+/// 2-core development machine; tests/torch_ops_test.cpp's kernels at memory speed).
+inline constexpr double mask_ns_per_element = 0.1;
+
+/**
+ * Calls f(b, e) over pieces of [begin, end) on LibTorch's thread count, pieces of at least `grain`
+ * items, or once over all of it on the caller when forking would cost more than the other
+ * threads save (`ns_per_item` of work each on one thread; dropit's fork_meter measures what a
+ * fork-join costs here, e.g. tens of microseconds with sleeping OpenMP threads). The pieces run
+ * on dropit's fork-join (OpenMP when compiled with it: LibTorch's threads), which measures them.
+ */
+template <class F>
+void parallel_pieces(std::int64_t begin, std::int64_t end, std::int64_t grain, double ns_per_item,
+                     const F& f) {
+  if (begin >= end) return;
+  const std::int64_t items = end - begin;
+  const std::int64_t pieces = (items + grain - 1) / grain;
+  const auto threads = static_cast<unsigned>(
+      std::max<std::int64_t>(1, std::min<std::int64_t>(at::get_num_threads(), pieces)));
+  if (threads <= 1 || at::in_parallel_region() ||
+      !dropit::detail::fork_meter::pays(threads, ns_per_item * static_cast<double>(items), 1)) {
+    f(begin, end);
+    return;
+  }
+  dropit::detail::parallel_for(threads, static_cast<std::size_t>(pieces),
+                               [&](std::size_t p0, std::size_t p1, unsigned) {
+                                 f(begin + static_cast<std::int64_t>(p0) * grain,
+                                   std::min(end, begin + static_cast<std::int64_t>(p1) * grain));
+                               });
+}
+
 /// The outputs and mask of elements [base, base + count) of a ReLU, count <= 32.
 template <class T>
 inline std::uint32_t relu_word(const T* xs, T* ys, int count) noexcept {
@@ -65,12 +97,13 @@ inline std::uint32_t relu_word(const T* xs, T* ys, int count) noexcept {
 template <class F>
 void for_each_mask_word(std::int64_t n, const F& f) {
   const std::int64_t nw = (n + 31) / 32;
-  at::parallel_for(0, nw, mask_grain_words, [&](std::int64_t w0, std::int64_t w1) {
-    for (std::int64_t w = w0; w < w1; ++w) {
-      const std::int64_t base = w * 32;
-      f(w, base, static_cast<int>(std::min<std::int64_t>(32, n - base)));
-    }
-  });
+  parallel_pieces(0, nw, mask_grain_words, 32 * mask_ns_per_element,
+                  [&](std::int64_t w0, std::int64_t w1) {
+                    for (std::int64_t w = w0; w < w1; ++w) {
+                      const std::int64_t base = w * 32;
+                      f(w, base, static_cast<int>(std::min<std::int64_t>(32, n - base)));
+                    }
+                  });
 }
 
 /// y = relu(x) and the mask !(x <= 0) (x > 0, or NaN: where LibTorch passes the gradient).
@@ -215,7 +248,8 @@ void pool2x2_plane(const T* in, T* out, bit_writer& codes, const pool_geometry& 
 template <class T>
 void max_pool_mask_forward(const T* x, T* y, std::uint32_t* codes, const pool_geometry& g) {
   const std::int64_t plane_in = g.h * g.w, plane_out = g.oh * g.ow;
-  at::parallel_for(0, g.planes, 16, [&](std::int64_t p0, std::int64_t p1) {
+  const double plane_ns = mask_ns_per_element * static_cast<double>(plane_in);
+  parallel_pieces(0, g.planes, 16, plane_ns, [&](std::int64_t p0, std::int64_t p1) {
     for (std::int64_t p = p0; p < p1; ++p) {
       const T* in = x + p * plane_in;
       T* out = y + p * plane_out;
@@ -271,7 +305,8 @@ void max_pool_mask_backward(const T* gy, const std::uint32_t* codes, T* gx,
   using A = acc_t<T>;
   const std::int64_t plane_in = g.h * g.w, plane_out = g.oh * g.ow;
   const bool disjoint = g.sh >= (g.kh - 1) * g.dh + 1 && g.sw >= (g.kw - 1) * g.dw + 1;
-  at::parallel_for(0, g.planes, 16, [&](std::int64_t p0, std::int64_t p1) {
+  const double plane_ns = mask_ns_per_element * static_cast<double>(plane_in);
+  parallel_pieces(0, g.planes, 16, plane_ns, [&](std::int64_t p0, std::int64_t p1) {
     for (std::int64_t p = p0; p < p1; ++p) {
       T* plane = gx + p * plane_in;
       const T* grad = gy + p * plane_out;

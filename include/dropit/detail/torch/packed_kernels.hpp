@@ -179,7 +179,8 @@ inline bool encode_pool_indices(const std::int64_t* indices, std::uint32_t* code
   [[maybe_unused]] const bool sse2 = two && g.h * g.w < (std::int64_t{1} << 30);
   const std::vector<std::int32_t> origin = two ? pool2x2_origins(g) : std::vector<std::int32_t>{};
   std::atomic<bool> ok{true};
-  at::parallel_for(0, g.planes, 16, [&](std::int64_t p0, std::int64_t p1) {
+  const double plane_ns = mask_ns_per_element * static_cast<double>(plane_out);
+  parallel_pieces(0, g.planes, 16, plane_ns, [&](std::int64_t p0, std::int64_t p1) {
     bool good = true;
 #if DROPIT_TORCH_SSE2
     std::uint32_t sse2_ok = 1;
@@ -230,7 +231,8 @@ inline void decode_pool_indices(const std::uint32_t* codes, std::int64_t* indice
   std::vector<std::int64_t> offset(static_cast<std::size_t>(g.kh * g.kw));
   for (std::int64_t c = 0; c < g.kh * g.kw; ++c)
     offset[static_cast<std::size_t>(c)] = c / g.kw * g.dh * g.w + c % g.kw * g.dw;
-  at::parallel_for(0, g.planes, 16, [&](std::int64_t p0, std::int64_t p1) {
+  const double plane_ns = mask_ns_per_element * static_cast<double>(plane_out);
+  parallel_pieces(0, g.planes, 16, plane_ns, [&](std::int64_t p0, std::int64_t p1) {
     for (std::int64_t p = p0; p < p1; ++p) {
       std::int64_t* ind = indices + p * plane_out;
       bit_reader in(codes + p * g.plane_words());

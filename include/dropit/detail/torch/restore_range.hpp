@@ -11,6 +11,7 @@
 
 #include <dropit/detail/numeric.hpp>
 #include <dropit/detail/steps.hpp>
+#include <dropit/detail/torch/kernels.hpp>
 #include <dropit/format.hpp>
 
 #include <ATen/Parallel.h>
@@ -41,9 +42,9 @@ void restore_bitmask_range(const T* values, const std::uint32_t* words, const Of
                            dropit::detail::restore_value<T> op) {
   const std::size_t w_first = begin / word_elements;
   const std::size_t w_last = (end - 1) / word_elements + 1;
-  at::parallel_for(
+  parallel_pieces(
       static_cast<std::int64_t>(w_first), static_cast<std::int64_t>(w_last), 2048,
-      [&](std::int64_t t0, std::int64_t t1) {
+      word_elements * mask_ns_per_element, [&](std::int64_t t0, std::int64_t t1) {
         std::size_t at = values_before_word(words, offsets, static_cast<std::size_t>(t0));
         for (auto w = static_cast<std::size_t>(t0); w < static_cast<std::size_t>(t1); ++w) {
           const std::uint32_t m = words[w];
@@ -78,18 +79,18 @@ void restore_bitmask_range(const T* values, const std::uint32_t* words, const Of
 template <class T, class Index>
 void restore_index_range(const T* values, const Index* index, std::size_t k, std::size_t begin,
                          std::size_t end, T* out, dropit::detail::restore_value<T> op) {
-  at::parallel_for(static_cast<std::int64_t>(begin), static_cast<std::int64_t>(end), 1 << 16,
-                   [&](std::int64_t s0, std::int64_t s1) {
-                     const auto lo = static_cast<std::size_t>(s0);
-                     const auto hi = static_cast<std::size_t>(s1);
-                     for (std::size_t i = lo; i < hi; ++i)
-                       out[i - begin] = T{};
-                     std::size_t j = static_cast<std::size_t>(
-                         std::lower_bound(index, index + k, static_cast<Index>(lo)) - index);
-                     for (; j < k && static_cast<std::size_t>(index[j]) < hi; ++j) {
-                       out[static_cast<std::size_t>(index[j]) - begin] = op(values[j]);
-                     }
-                   });
+  parallel_pieces(static_cast<std::int64_t>(begin), static_cast<std::int64_t>(end), 1 << 16,
+                  mask_ns_per_element, [&](std::int64_t s0, std::int64_t s1) {
+                    const auto lo = static_cast<std::size_t>(s0);
+                    const auto hi = static_cast<std::size_t>(s1);
+                    for (std::size_t i = lo; i < hi; ++i)
+                      out[i - begin] = T{};
+                    std::size_t j = static_cast<std::size_t>(
+                        std::lower_bound(index, index + k, static_cast<Index>(lo)) - index);
+                    for (; j < k && static_cast<std::size_t>(index[j]) < hi; ++j) {
+                      out[static_cast<std::size_t>(index[j]) - begin] = op(values[j]);
+                    }
+                  });
 }
 
 /**
