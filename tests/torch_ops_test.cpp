@@ -72,22 +72,24 @@ TEST_CASE("the adapter's kernels fork only when dropit's fork_meter says it pays
 // ---- ReLU ------------------------------------------------------------------------------------
 
 TEST_CASE("torch: mask ReLU output and gradient equal LibTorch's, zeros and NaN included") {
-  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
-    CAPTURE(dtype);
-    torch::manual_seed(1);
-    // Integer-valued data: many exact zeros (relu's gradient at 0 is 0), -0.0, and a NaN.
-    auto x = torch::randint(-3, 4, {5, 7, 33}, torch::kFloat);
-    x.view({-1})[0] = -0.0f;
-    x.view({-1})[1] = std::numeric_limits<float>::quiet_NaN();
-    x.view({-1})[2] = -std::numeric_limits<float>::infinity();
-    x = x.to(dtype);
-    REQUIRE(x.eq(0).sum().item<std::int64_t>() > 100);
-    auto [y, gx] = forward_backward([](const torch::Tensor& t) { return dt::relu(t); }, x);
-    auto [ry, rgx] = forward_backward([](const torch::Tensor& t) { return torch::relu(t); }, x);
-    CHECK(same(y, ry));
-    CHECK(same(gx, rgx));
-    CHECK(gx.masked_select(x.eq(0)).abs().sum().item<double>() == 0.0);
-  }
+  for_each_isa([] {
+    for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+      CAPTURE(dtype);
+      torch::manual_seed(1);
+      // Integer-valued data: many exact zeros (relu's gradient at 0 is 0), -0.0, and a NaN.
+      auto x = torch::randint(-3, 4, {5, 7, 33}, torch::kFloat);
+      x.view({-1})[0] = -0.0f;
+      x.view({-1})[1] = std::numeric_limits<float>::quiet_NaN();
+      x.view({-1})[2] = -std::numeric_limits<float>::infinity();
+      x = x.to(dtype);
+      REQUIRE(x.eq(0).sum().item<std::int64_t>() > 100);
+      auto [y, gx] = forward_backward([](const torch::Tensor& t) { return dt::relu(t); }, x);
+      auto [ry, rgx] = forward_backward([](const torch::Tensor& t) { return torch::relu(t); }, x);
+      CHECK(same(y, ry));
+      CHECK(same(gx, rgx));
+      CHECK(gx.masked_select(x.eq(0)).abs().sum().item<double>() == 0.0);
+    }
+  });
 }
 
 TEST_CASE("torch: mask ReLU keeps strides (channels-last, transposed views) and works in place") {
@@ -244,37 +246,50 @@ TEST_CASE("torch: mask max-pool output and gradient equal LibTorch's, ties and N
 
 TEST_CASE("torch: the 2x2 mask max-pool and the mask ReLU match LibTorch on wide planes") {
   // Planes wide enough for the vectorised groups of four windows and whole mask words, odd sizes
-  // for the tails and the uncovered last row and column, NaNs in every lane position.
-  for (auto sizes :
-       {std::vector<std::int64_t>{2, 3, 28, 28}, std::vector<std::int64_t>{1, 2, 29, 31},
-        std::vector<std::int64_t>{3, 1, 17, 70}}) {
-    for (auto dtype : {torch::kFloat, torch::kDouble}) {
-      CAPTURE(sizes);
-      CAPTURE(dtype);
-      torch::manual_seed(11);
-      auto x = torch::randint(-3, 4, sizes, torch::kFloat);
-      auto flat = x.view({-1});
-      for (std::int64_t i = 3; i < flat.numel(); i += 37)
-        flat[i] = std::numeric_limits<float>::quiet_NaN();
-      for (std::int64_t i = 5; i < flat.numel(); i += 41)
-        flat[i] = -std::numeric_limits<float>::infinity();
-      flat[1] = -0.0f;
-      x = x.to(dtype);
-      auto [y, gx] = forward_backward(
-          [](const torch::Tensor& t) { return dt::max_pool2d(t, dt::max_pool2d_params{}); }, x);
-      auto [ry, rgx] = forward_backward(
-          [](const torch::Tensor& t) {
-            return torch::max_pool2d(t, {2, 2});
-          },
-          x);
-      CHECK(same(y, ry));
-      CHECK(same(gx, rgx));
-      auto [ly, lgx] = forward_backward([](const torch::Tensor& t) { return dt::relu(t); }, x);
-      auto [rly, rlgx] = forward_backward([](const torch::Tensor& t) { return torch::relu(t); }, x);
-      CHECK(same(ly, rly));
-      CHECK(same(lgx, rlgx));
+  // for the tails and the uncovered last row and column, NaNs in every lane position; every
+  // instruction set of the mask kernels.
+  for_each_isa([] {
+    for (auto sizes :
+         {std::vector<std::int64_t>{2, 3, 28, 28}, std::vector<std::int64_t>{1, 2, 29, 31},
+          std::vector<std::int64_t>{3, 1, 17, 70}}) {
+      for (auto dtype : {torch::kFloat, torch::kDouble}) {
+        CAPTURE(sizes);
+        CAPTURE(dtype);
+        torch::manual_seed(11);
+        auto x = torch::randint(-3, 4, sizes, torch::kFloat);
+        auto flat = x.view({-1});
+        for (std::int64_t i = 3; i < flat.numel(); i += 37)
+          flat[i] = std::numeric_limits<float>::quiet_NaN();
+        for (std::int64_t i = 5; i < flat.numel(); i += 41)
+          flat[i] = -std::numeric_limits<float>::infinity();
+        flat[1] = -0.0f;
+        x = x.to(dtype);
+        auto [y, gx] = forward_backward(
+            [](const torch::Tensor& t) { return dt::max_pool2d(t, dt::max_pool2d_params{}); }, x);
+        auto [ry, rgx] = forward_backward(
+            [](const torch::Tensor& t) {
+              return torch::max_pool2d(t, {2, 2});
+            },
+            x);
+        CHECK(same(y, ry));
+        CHECK(same(gx, rgx));
+        auto [ly, lgx] = forward_backward([](const torch::Tensor& t) { return dt::relu(t); }, x);
+        auto [rly, rlgx] =
+            forward_backward([](const torch::Tensor& t) { return torch::relu(t); }, x);
+        CHECK(same(ly, rly));
+        CHECK(same(lgx, rlgx));
+        // In place: the input's memory is the output.
+        auto ix = x.clone().requires_grad_(true);
+        auto h = ix * 1.0;
+        auto out = dt::relu_(h);
+        CHECK(same(out.detach(), rly));
+        out.backward(torch::ones_like(out));
+        auto rx = x.clone().requires_grad_(true);
+        torch::relu(rx).backward(torch::ones_like(rx));
+        CHECK(same(ix.grad(), rx.grad()));
+      }
     }
-  }
+  });
 }
 
 TEST_CASE("torch: mask max-pool saves 2 bits per 2x2 window instead of input + int64 indices") {

@@ -87,23 +87,25 @@ TEST_CASE("torch packed_tensor: bad tensors throw before anything is allocated")
 }
 
 TEST_CASE("torch packed_mask: 1 where ReLU's backward passes the gradient, NaN included") {
-  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
-    CAPTURE(dtype);
-    torch::manual_seed(2);
-    auto y = torch::relu(torch::randint(-3, 4, {7, 33, 5}, torch::kFloat));
-    y.view({-1})[3] = std::numeric_limits<float>::quiet_NaN();
-    y = y.to(dtype);
-    const auto before = dt::live_saved_bytes();
-    const auto m = dt::packed_mask::relu(y);
-    CHECK(m.bytes() == static_cast<std::size_t>((y.numel() + 31) / 32 * 4));
-    CHECK(dt::live_saved_bytes().masks == before.masks + m.bytes());
-    const auto r = m.restore();
-    CHECK((r.scalar_type() == dtype));
-    CHECK(torch::equal(r, y.le(0).logical_not().to(dtype)));
-    // LibTorch's ReLU backward gives the same gradient from the mask as from the output.
-    const auto g = torch::randn(y.sizes()).to(dtype);
-    CHECK(torch::equal(at::threshold_backward(g, r, 0), at::threshold_backward(g, y, 0)));
-  }
+  for_each_isa([] {
+    for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+      CAPTURE(dtype);
+      torch::manual_seed(2);
+      auto y = torch::relu(torch::randint(-3, 4, {7, 33, 5}, torch::kFloat));
+      y.view({-1})[3] = std::numeric_limits<float>::quiet_NaN();
+      y = y.to(dtype);
+      const auto before = dt::live_saved_bytes();
+      const auto m = dt::packed_mask::relu(y);
+      CHECK(m.bytes() == static_cast<std::size_t>((y.numel() + 31) / 32 * 4));
+      CHECK(dt::live_saved_bytes().masks == before.masks + m.bytes());
+      const auto r = m.restore();
+      CHECK((r.scalar_type() == dtype));
+      CHECK(torch::equal(r, y.le(0).logical_not().to(dtype)));
+      // LibTorch's ReLU backward gives the same gradient from the mask as from the output.
+      const auto g = torch::randn(y.sizes()).to(dtype);
+      CHECK(torch::equal(at::threshold_backward(g, r, 0), at::threshold_backward(g, y, 0)));
+    }
+  });
   const auto cl =
       torch::relu(torch::randn({2, 5, 6, 7})).contiguous(at::MemoryFormat::ChannelsLast);
   const auto r = dt::packed_mask::relu(cl).restore();

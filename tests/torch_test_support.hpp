@@ -31,6 +31,22 @@ struct torch_threads {
   torch_threads() { torch::set_num_threads(2); }
 };
 
+/// Runs f() once per instruction set the host kernels choose from (baseline, AVX2, AVX-512), as
+/// far as this CPU has them (a missing one runs the widest it has, and says so).
+template <class F>
+void for_each_isa(const F& f) {
+  auto& cap = dropit::detail::host_isa_cap();
+  const int saved = cap.load();
+  for (int isa = 0; isa <= 2; ++isa) {
+    cap.store(isa);
+    CAPTURE(isa);
+    if (static_cast<int>(dropit::detail::active_host_isa()) < isa)
+      MESSAGE("this CPU lacks instruction set ", isa, ": its widest one runs instead");
+    f();
+  }
+  cap.store(saved);
+}
+
 /// The policy of the given kind with gamma 0.9.
 inline dt::policy make_policy(dt::policy_kind kind, double gamma = 0.9, std::uint64_t seed = 0) {
   dt::policy p;

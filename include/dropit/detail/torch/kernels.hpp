@@ -13,6 +13,7 @@
 
 #include <dropit/detail/host/parallel.hpp>
 #include <dropit/detail/torch/kernels_sse2.hpp>
+#include <dropit/detail/torch/kernels_wide.hpp>
 
 #include <ATen/Parallel.h>
 
@@ -93,13 +94,14 @@ inline std::uint32_t relu_word(const T* xs, T* ys, int count) noexcept {
 }
 
 /// Calls f(w, base, count) for every 32-element mask word of n elements (base = 32 w, count <=
-/// 32 elements), in parallel tasks of `mask_grain_words` words.
-template <class F>
-void for_each_mask_word(std::int64_t n, const F& f) {
-  const std::int64_t nw = (n + 31) / 32;
+/// 32 elements) that `wide(w0, w1)` leaves (it gets the whole words of each parallel piece and
+/// returns the first word it did not do), in pieces of `mask_grain_words` words.
+template <class Wide, class F>
+void for_each_mask_word(std::int64_t n, const Wide& wide, const F& f) {
+  const std::int64_t nw = (n + 31) / 32, full = n / 32;
   parallel_pieces(0, nw, mask_grain_words, 32 * mask_ns_per_element,
                   [&](std::int64_t w0, std::int64_t w1) {
-                    for (std::int64_t w = w0; w < w1; ++w) {
+                    for (std::int64_t w = wide(w0, std::min(w1, full)); w < w1; ++w) {
                       const std::int64_t base = w * 32;
                       f(w, base, static_cast<int>(std::min<std::int64_t>(32, n - base)));
                     }
@@ -109,7 +111,11 @@ void for_each_mask_word(std::int64_t n, const F& f) {
 /// y = relu(x) and the mask !(x <= 0) (x > 0, or NaN: where LibTorch passes the gradient).
 template <class T>
 void relu_mask_forward(const T* x, T* y, std::uint32_t* words, std::int64_t n) {
-  for_each_mask_word(n, [&](std::int64_t w, std::int64_t base, int count) {
+  auto wide = [&](std::int64_t w0, std::int64_t w1) {
+    if constexpr (std::is_same_v<T, float>) return relu_words_wide(x, y, words, w0, w1);
+    return w0;
+  };
+  for_each_mask_word(n, wide, [&](std::int64_t w, std::int64_t base, int count) {
 #if DROPIT_TORCH_SSE2
     if constexpr (std::is_same_v<T, float>) {
       if (count == 32) {
@@ -125,7 +131,11 @@ void relu_mask_forward(const T* x, T* y, std::uint32_t* words, std::int64_t n) {
 /// gx = g where the mask is set, 0 elsewhere.
 template <class T>
 void relu_mask_backward(const T* g, const std::uint32_t* words, T* gx, std::int64_t n) {
-  for_each_mask_word(n, [&](std::int64_t w, std::int64_t base, int count) {
+  auto wide = [&](std::int64_t w0, std::int64_t w1) {
+    if constexpr (std::is_same_v<T, float>) return select_words_wide(g, words, gx, w0, w1);
+    return w0;
+  };
+  for_each_mask_word(n, wide, [&](std::int64_t w, std::int64_t base, int count) {
     const std::uint32_t m = words[w];
 #if DROPIT_TORCH_SSE2
     if constexpr (std::is_same_v<T, float>) {

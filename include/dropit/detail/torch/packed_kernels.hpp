@@ -22,7 +22,11 @@ namespace dropit::torch::detail {
 /// words[w] bit j = !(y[32 w + j] <= 0): where ReLU's backward passes the gradient.
 template <class T>
 void positive_mask(const T* y, std::uint32_t* words, std::int64_t n) {
-  for_each_mask_word(n, [&](std::int64_t w, std::int64_t base, int count) {
+  auto wide = [&](std::int64_t w0, std::int64_t w1) {
+    if constexpr (std::is_same_v<T, float>) return relu_words_wide(y, nullptr, words, w0, w1);
+    return w0;
+  };
+  for_each_mask_word(n, wide, [&](std::int64_t w, std::int64_t base, int count) {
 #if DROPIT_TORCH_SSE2
     if constexpr (std::is_same_v<T, float>) {
       if (count == 32) {
@@ -48,7 +52,11 @@ void positive_mask(const T* y, std::uint32_t* words, std::int64_t n) {
 template <class T>
 void expand_mask(const std::uint32_t* words, T* out, std::int64_t n) {
   const T one = static_cast<T>(1.0f);
-  for_each_mask_word(n, [&](std::int64_t w, std::int64_t base, int count) {
+  auto wide = [&](std::int64_t w0, std::int64_t w1) {
+    if constexpr (std::is_same_v<T, float>) return select_words_wide(nullptr, words, out, w0, w1);
+    return w0;
+  };
+  for_each_mask_word(n, wide, [&](std::int64_t w, std::int64_t base, int count) {
     const std::uint32_t m = words[w];
 #if DROPIT_TORCH_SSE2
     if constexpr (std::is_same_v<T, float>) {
