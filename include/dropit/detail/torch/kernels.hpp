@@ -128,26 +128,34 @@ void relu_mask_forward(const T* x, T* y, std::uint32_t* words, std::int64_t n) {
   });
 }
 
-/// gx = g where the mask is set, 0 elsewhere.
+/// out = g where the mask is set, +0 elsewhere; with g null, 1 where it is set (a mask's 0/1
+/// expansion).
 template <class T>
-void relu_mask_backward(const T* g, const std::uint32_t* words, T* gx, std::int64_t n) {
+void select_by_mask(const T* g, const std::uint32_t* words, T* out, std::int64_t n) {
   auto wide = [&](std::int64_t w0, std::int64_t w1) {
-    if constexpr (std::is_same_v<T, float>) return select_words_wide(g, words, gx, w0, w1);
+    if constexpr (std::is_same_v<T, float>) return select_words_wide(g, words, out, w0, w1);
     return w0;
   };
+  const T one = static_cast<T>(1.0f);
   for_each_mask_word(n, wide, [&](std::int64_t w, std::int64_t base, int count) {
     const std::uint32_t m = words[w];
 #if DROPIT_TORCH_SSE2
     if constexpr (std::is_same_v<T, float>) {
       if (count == 32) {
-        relu_backward_word_sse2(g + base, m, gx + base);
+        select_word_sse2(g != nullptr ? g + base : nullptr, m, out + base);
         return;
       }
     }
 #endif
     for (int j = 0; j < count; ++j)
-      gx[base + j] = keep_or_zero(g[base + j], m >> j & 1u);
+      out[base + j] = keep_or_zero(g != nullptr ? g[base + j] : one, m >> j & 1u);
   });
+}
+
+/// gx = g where the mask is set, 0 elsewhere.
+template <class T>
+void relu_mask_backward(const T* g, const std::uint32_t* words, T* gx, std::int64_t n) {
+  select_by_mask(g, words, gx, n);
 }
 
 /**

@@ -90,11 +90,11 @@ inline __m128 nibble_lanes(std::uint32_t nibble) noexcept {
   return _mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(n, bit), bit));
 }
 
-/// gx = g where the word's bits are set, +0 elsewhere, for 32 elements.
-inline void relu_backward_word_sse2(const float* g, std::uint32_t m, float* gx) noexcept {
+/// out = g (1 when g is null) where the word's bits are set, +0 elsewhere, for 32 elements.
+inline void select_word_sse2(const float* g, std::uint32_t m, float* out) noexcept {
   for (int q = 0; q < 8; ++q) {
-    const __m128 v = _mm_loadu_ps(g + 4 * q);
-    _mm_storeu_ps(gx + 4 * q, _mm_and_ps(v, nibble_lanes(m >> (4 * q) & 0xfu)));
+    const __m128 v = g != nullptr ? _mm_loadu_ps(g + 4 * q) : _mm_set1_ps(1.0f);
+    _mm_storeu_ps(out + 4 * q, _mm_and_ps(v, nibble_lanes(m >> (4 * q) & 0xfu)));
   }
 }
 

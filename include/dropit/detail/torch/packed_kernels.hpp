@@ -51,26 +51,7 @@ void positive_mask(const T* y, std::uint32_t* words, std::int64_t n) {
 /// out[i] = 1 where bit i is set, 0 elsewhere.
 template <class T>
 void expand_mask(const std::uint32_t* words, T* out, std::int64_t n) {
-  const T one = static_cast<T>(1.0f);
-  auto wide = [&](std::int64_t w0, std::int64_t w1) {
-    if constexpr (std::is_same_v<T, float>) return select_words_wide(nullptr, words, out, w0, w1);
-    return w0;
-  };
-  for_each_mask_word(n, wide, [&](std::int64_t w, std::int64_t base, int count) {
-    const std::uint32_t m = words[w];
-#if DROPIT_TORCH_SSE2
-    if constexpr (std::is_same_v<T, float>) {
-      if (count == 32) {
-        const __m128 ones = _mm_set1_ps(1.0f);
-        for (int q = 0; q < 8; ++q)
-          _mm_storeu_ps(out + base + 4 * q, _mm_and_ps(ones, nibble_lanes(m >> (4 * q) & 0xfu)));
-        return;
-      }
-    }
-#endif
-    for (int j = 0; j < count; ++j)
-      out[base + j] = keep_or_zero(one, m >> j & 1u);
-  });
+  select_by_mask(static_cast<const T*>(nullptr), words, out, n);
 }
 
 /// Bits 0..15 of b spread to the even bits 0, 2, ..., 30.
