@@ -183,12 +183,12 @@ void bench_read(benchmark::State& state) {
   finish(state, n, sizeof(T), static_cast<double>(n * sizeof(T)));
 }
 
-template <class T, class P>
-void bench_pack(benchmark::State& state, P policy, bool caching) {
+template <class T, class P, class Codec = dropit::codec::exact>
+void bench_pack(benchmark::State& state, P policy, bool caching, Codec codec = {}) {
   const auto n = static_cast<std::size_t>(state.range(0));
   const std::span<const T> x(input<T>(n));
   const auto exec = executor(caching);
-  dropit::SparseCache<T, P> cache{policy};
+  dropit::SparseCache<T, P, Codec> cache{policy, codec};
   // Warm-up: the workers, and both payloads a pack has alive (the new one is built before the
   // old one is freed), so that the caching resource serves every timed pack.
   cache.pack(exec, x);
@@ -224,11 +224,11 @@ void bench_pack_two_pass(benchmark::State& state, P policy) {
   finish(state, n, sizeof(T), static_cast<double>(layout.total_bytes));
 }
 
-template <class T, class P>
-void bench_restore(benchmark::State& state, P policy) {
+template <class T, class P, class Codec = dropit::codec::exact>
+void bench_restore(benchmark::State& state, P policy, Codec codec = {}) {
   const auto n = static_cast<std::size_t>(state.range(0));
   const auto exec = executor();
-  dropit::SparseCache<T, P> cache{policy};
+  dropit::SparseCache<T, P, Codec> cache{policy, codec};
   cache.pack(exec, std::span<const T>(input<T>(n)));
   auto out = output<T>(n);
   cache.restore(exec, std::span<T>(out));
@@ -476,6 +476,22 @@ void register_size(const std::string& type, std::int64_t n) {
   }
   add("pack/Identity/" + type,
       [](benchmark::State& st) { bench_pack<T>(st, dropit::Identity{}, true); });
+  // Value codecs: 8-bit kept values with a scale per 1024 (pack_int8/Identity: dense int8).
+  add("pack_int8/MinK/0.9/" + type, [](benchmark::State& st) {
+    bench_pack<T>(st, dropit::MinK<0.9>{}, true, dropit::codec::int8{});
+  });
+  add("pack_int8/Identity/" + type, [](benchmark::State& st) {
+    bench_pack<T>(st, dropit::Identity{}, true, dropit::codec::int8{});
+  });
+  add("pack_fp8/MinK/0.9/" + type, [](benchmark::State& st) {
+    bench_pack<T>(st, dropit::MinK<0.9>{}, true, dropit::codec::fp8_e4m3{});
+  });
+  add("restore_int8/MinK/0.9/" + type, [](benchmark::State& st) {
+    bench_restore<T>(st, dropit::MinK<0.9>{}, dropit::codec::int8{});
+  });
+  add("restore_int8/Identity/" + type, [](benchmark::State& st) {
+    bench_restore<T>(st, dropit::Identity{}, dropit::codec::int8{});
+  });
   add("restore/Identity/" + type,
       [](benchmark::State& st) { bench_restore<T>(st, dropit::Identity{}); });
   // The payload from fresh memory (new/delete) instead of the caching resource.

@@ -148,6 +148,9 @@ struct on {
     [[nodiscard]] std::vector<U> to_host(const device_buffer<U>& b) const {
       return b.to_host(stream.get());
     }
+    [[nodiscard]] std::vector<std::byte> bytes(std::span<const std::byte> p) const {
+      return bytes_to_host(p, stream.get());
+    }
   };
   static std::string name() {
     return type_name<T>() + (K::kernels == dropit::cuda_kernels::fast ? "/fast" : "/portable");

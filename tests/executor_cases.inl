@@ -6,6 +6,7 @@
 //   DROPIT_EXECUTOR_DECORATOR   what follows every case's name: empty, or `* decorator` (the device
 //                               suite's skip rule)
 // Oracles: test_support.hpp (sorting by key, written independently of the library).
+#include "codec_oracle.hpp"
 #include "executors.hpp"
 #include "test_support.hpp"
 #include <doctest/doctest.h>
@@ -14,6 +15,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -284,4 +286,77 @@ TEST_CASE_TEMPLATE(
   CHECK(cache.bytes() == 0);
   CHECK(cache.space() == C::space);
   CHECK_NOTHROW(cache.restore(s.exec(), std::span<T>{}));
+}
+
+TEST_CASE_TEMPLATE(
+    "a value codec restores the oracle's decoded kept values; payloads equal the host's, and the "
+    "unbiased scale applies" DROPIT_EXECUTOR_DECORATOR,
+    C, DROPIT_EXECUTOR_CASES) {
+  using namespace dropit_test;
+  using namespace dropit_test::executor_cases;
+  using T = typename C::type;
+  INFO(C::name());
+  typename C::session s;
+  const auto exec = s.exec();
+  const dropit::host_executor host{.threads = 1};
+  for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{5000}, large}) {
+    auto x = normal_values<T>(n, 300 + n);
+    if (n > 4000) {  // a NaN, infinities, and a chunk of zeros among the kept values
+      x[3] = from_double<T>(std::numeric_limits<double>::quiet_NaN());
+      x[10] = from_double<T>(std::numeric_limits<double>::infinity());
+      x[11] = from_double<T>(-std::numeric_limits<double>::infinity());
+      for (std::size_t i = 1024; i < 3072; ++i)
+        x[i] = from_double<T>(0.0);
+    }
+    typename C::template buffer<T> dx(x), out(std::vector<T>(n, from_double<T>(-7.0)));
+    for (double g : {0.0, 0.5, 0.9, 0.99}) {
+      CAPTURE(n);
+      CAPTURE(g);
+      const std::size_t k = expected_k(n, g);
+      const auto kept = oracle_mink<T>(x, k);
+      // int8, to nearest
+      dropit::SparseCache<T, dropit::MinK<>, dropit::codec::int8> a{dropit::MinK<>{g}};
+      a.pack(exec, dx.cspan());
+      a.restore(exec, out.span());
+      CHECK(same_bits<T>(s.to_host(out), oracle_coded_dense<T>(x, kept, false)));
+      // int8, stochastic
+      dropit::SparseCache<T, dropit::MinK<>, dropit::codec::int8> b{
+          dropit::MinK<>{g}, {.stochastic = true, .seed = n}};
+      b.pack(exec, dx.cspan());
+      b.restore(exec, out.span());
+      CHECK(same_bits<T>(s.to_host(out), oracle_coded_dense<T>(x, kept, false, true, n)));
+      // e4m3
+      dropit::SparseCache<T, dropit::MinK<>, dropit::codec::fp8_e4m3> c{dropit::MinK<>{g}};
+      c.pack(exec, dx.cspan());
+      c.restore(exec, out.span());
+      CHECK(same_bits<T>(s.to_host(out), oracle_coded_dense<T>(x, kept, true)));
+      CHECK(c.bytes() ==
+            dropit::make_layout(n, k, sizeof(T), dropit::value_codec::fp8_e4m3).total_bytes);
+      // The payload is the host executor's, byte for byte.
+      dropit::SparseCache<T, dropit::MinK<>, dropit::codec::int8> h{
+          dropit::MinK<>{g}, {.stochastic = true, .seed = n}};
+      h.pack(host, std::span<const T>(x));
+      CHECK(s.bytes(b.payload()) == std::vector<std::byte>(h.payload().begin(), h.payload().end()));
+    }
+    // Random's unbiased scale multiplies the decoded values.
+    const dropit::Random<> r{0.5, 4, dropit::scaling::unbiased};
+    dropit::SparseCache<T, dropit::Random<>, dropit::codec::int8> rc{r};
+    rc.pack(exec, dx.cspan());
+    rc.restore(exec, out.span());
+    const std::size_t k = r.kept(n);
+    auto want = oracle_coded_dense<T>(x, oracle_by_key<T>(r, x, k), false);
+    for (auto& v : want)
+      v = dropit::detail::scaled(v, rc.restore_scale());
+    CHECK(same_bits<T>(s.to_host(out), want));
+  }
+  // Identity + a codec: dense quantized storage.
+  const auto y = normal_values<T>(3000, 8);
+  typename C::template buffer<T> dy(y), back(y.size());
+  dropit::SparseCache<T, dropit::Identity, dropit::codec::int8> id;
+  id.pack(exec, dy.cspan());
+  CHECK(id.layout().positions == dropit::position_encoding::none);
+  id.restore(exec, back.span());
+  std::vector<std::size_t> all(y.size());
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  CHECK(same_bits<T>(s.to_host(back), oracle_coded_dense<T>(y, all, false)));
 }

@@ -7,7 +7,7 @@
 //                                or a size, with span() and cspan()
 //   C::session                   what one case holds while it runs (a device case: its stream):
 //                                exec(), the executor to call; to_host(buffer), its contents once
-//                                the work enqueued so far is done
+//                                the work enqueued so far is done; bytes(span), a payload's bytes
 // The host configurations are here; the device ones are in cuda_support.hpp.
 #pragma once
 
@@ -50,6 +50,9 @@ struct on_host {
     template <class U>
     [[nodiscard]] std::vector<U> to_host(const host_buffer<U>& b) const {
       return {b.cspan().begin(), b.cspan().end()};
+    }
+    [[nodiscard]] std::vector<std::byte> bytes(std::span<const std::byte> p) const {
+      return {p.begin(), p.end()};
     }
   };
   static std::string name() { return type_name<T>() + "/host-" + std::to_string(Threads); }

@@ -1,7 +1,7 @@
 /**
  * @file dropit.hpp
- * @brief The core of dropit (CMake target `dropit::dropit`): policies, the packed format,
- * `SparseCache` and the host executor. It needs only the C++ standard library (and, for the
+ * @brief The core of dropit (CMake target `dropit::dropit`): policies, value codecs, the packed
+ * format, `SparseCache` and the host executor. It needs only the C++ standard library (and, for the
  * half-precision element types, the CUDA toolkit's headers).
  *
  * The other components have umbrella headers and targets of their own: the checkpoint planner
@@ -10,6 +10,7 @@
  */
 #pragma once
 
+#include <dropit/codec.hpp>
 #include <dropit/error.hpp>
 #include <dropit/exec/host.hpp>
 #include <dropit/format.hpp>

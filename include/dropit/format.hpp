@@ -14,8 +14,13 @@
  * Positions are stored as whichever of bitmask (+ block offsets) and index list is smaller; none
  * are stored when k = 0 or k = n (Identity, gamma = 0). The block offsets let restore expand every
  * block independently, in one parallel pass. Offsets are 64-bit, like indices, when n >= 2^32.
+ *
+ * With a quantized value codec (codec.hpp) the values section holds k one-byte codes, and a scales
+ * section (one float per `codec_chunk` values) follows it, before the positions.
  */
 #pragma once
+
+#include <dropit/codec.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -45,15 +50,18 @@ inline constexpr std::size_t section_alignment = 16;
 struct packed_layout {
   std::size_t n = 0;                                      ///< elements of the dense tensor
   std::size_t k = 0;                                      ///< elements kept
-  std::size_t value_size = 0;                             ///< sizeof(T)
+  std::size_t value_size = 0;                             ///< bytes per stored value
+  value_codec codec = value_codec::exact;                 ///< how values are stored
   position_encoding positions = position_encoding::none;  ///< how positions are stored
   std::size_t values_offset = 0;                          ///< start of the values section
   std::size_t values_bytes = 0;                           ///< k * value_size
-  std::size_t positions_offset = 0;                       ///< start of the bitmask or index list
-  std::size_t positions_bytes = 0;                        ///< size of the bitmask or index list
-  std::size_t block_offsets_offset = 0;                   ///< start of the block offsets
-  std::size_t block_offsets_bytes = 0;                    ///< bitmask only, else 0
-  std::size_t total_bytes = 0;                            ///< bytes of the whole payload
+  std::size_t scales_offset = 0;                          ///< start of the codec's scales
+  std::size_t scales_bytes = 0;          ///< 4 per `codec_chunk` values; 0 for `value_codec::exact`
+  std::size_t positions_offset = 0;      ///< start of the bitmask or index list
+  std::size_t positions_bytes = 0;       ///< size of the bitmask or index list
+  std::size_t block_offsets_offset = 0;  ///< start of the block offsets
+  std::size_t block_offsets_bytes = 0;   ///< bitmask only, else 0
+  std::size_t total_bytes = 0;           ///< bytes of the whole payload
 
   /// @brief Bitmask words: ceil(n / 32).
   [[nodiscard]] constexpr std::size_t words() const noexcept {
@@ -80,20 +88,30 @@ struct packed_layout {
 }
 
 /**
- * @brief The layout of a payload that keeps k of n elements of `value_size` bytes each.
+ * @brief The layout of a payload that keeps k of n elements of `value_size` bytes each, stored
+ * with `codec` (a quantized codec stores 1 byte per value whatever `value_size`, plus its scales).
  *
  * The bitmask is chosen when it is no larger than the index list.
  * @pre k <= n
  */
 [[nodiscard]] constexpr packed_layout make_layout(std::size_t n, std::size_t k,
-                                                  std::size_t value_size) noexcept {
+                                                  std::size_t value_size,
+                                                  value_codec codec = value_codec::exact) noexcept {
   packed_layout l;
   l.n = n;
   l.k = k;
-  l.value_size = value_size;
-  l.values_bytes = k * value_size;
+  l.codec = codec;
+  l.value_size = codec == value_codec::exact ? value_size : 1;
+  l.values_bytes = k * l.value_size;
+  l.scales_offset = l.values_bytes;
+  std::size_t values_end = l.values_bytes;  // the values section and its scales
+  if (codec != value_codec::exact && k > 0) {
+    l.scales_offset = align_section(l.values_bytes);
+    l.scales_bytes = (k + codec_chunk - 1) / codec_chunk * 4;
+    values_end = l.scales_offset + l.scales_bytes;
+  }
   if (k == 0 || k == n) {
-    l.total_bytes = l.values_bytes;
+    l.total_bytes = values_end;
     l.positions_offset = l.block_offsets_offset = l.total_bytes;
     return l;
   }
@@ -101,7 +119,7 @@ struct packed_layout {
   const std::size_t mask_bytes = l.words() * 4;
   const std::size_t offsets_bytes = l.blocks() * index_size;
   const std::size_t list_bytes = k * index_size;
-  l.positions_offset = align_section(l.values_bytes);
+  l.positions_offset = align_section(values_end);
   if (mask_bytes + offsets_bytes <= list_bytes) {
     l.positions = position_encoding::bitmask;
     l.positions_bytes = mask_bytes;
@@ -120,14 +138,16 @@ struct packed_layout {
 /// @brief The padding bytes between sections: [begin, end) pairs, zeroed by every executor so that
 /// payloads compare byte for byte.
 struct padding_gaps {
-  std::size_t begin[2];  ///< start of each gap
-  std::size_t end[2];    ///< end of each gap (== begin when empty)
+  static constexpr int count = 3;  ///< gaps of a layout
+  std::size_t begin[count];        ///< start of each gap
+  std::size_t end[count];          ///< end of each gap (== begin when empty)
 };
 
-/// @brief The two gaps of a layout: after the values, and after the positions.
+/// @brief The gaps of a layout: after the values, after the scales, after the positions.
 [[nodiscard]] constexpr padding_gaps padding_of(const packed_layout& l) noexcept {
-  return {{l.values_bytes, l.positions_offset + l.positions_bytes},
-          {l.positions_offset, l.block_offsets_offset}};
+  const std::size_t scales_end = l.scales_offset + l.scales_bytes;
+  return {{l.values_bytes, scales_end, l.positions_offset + l.positions_bytes},
+          {l.scales_offset, l.positions_offset, l.block_offsets_offset}};
 }
 
 }  // namespace dropit

@@ -5,6 +5,7 @@
  */
 #pragma once
 
+#include <dropit/codec.hpp>
 #include <dropit/detail/payload.hpp>
 #include <dropit/error.hpp>
 #include <dropit/format.hpp>
@@ -21,11 +22,11 @@ namespace dropit {
  *
  * It states where its payloads live (`E::space`), packs into a new payload and restores from one.
  */
-template <class E, class T, class P>
-concept executor_for = requires(const E& e, const P& p, const T* x, T* out,
+template <class E, class T, class P, class C = codec::exact>
+concept executor_for = requires(const E& e, const P& p, const C& c, const T* x, T* out,
                                 const packed_layout& layout, const detail::payload& payload) {
   { E::space } -> std::convertible_to<memory_space>;
-  { e.template pack<T>(p, x, layout) } -> std::same_as<detail::payload>;
+  { e.template pack<T>(p, c, x, layout) } -> std::same_as<detail::payload>;
   e.restore(payload, layout, out, 1.0);
 };
 
@@ -45,23 +46,32 @@ concept executor_for = requires(const E& e, const P& p, const T* x, T* out,
  * A cache is not safe to pack from two threads at once; restores of one cache may run
  * concurrently.
  *
+ * With a quantized codec (`SparseCache<float, MinK<0.9>, codec::int8>`) the kept values are
+ * stored in 8 bits with a scale per 1024 of them (codec.hpp), and restore writes their decoded
+ * values.
+ *
  * @tparam T element type: float, double, __half, __nv_bfloat16
  * @tparam Policy what to keep: MinK, Random, Identity, or any type meeting `policy_for<Policy, T>`
+ * @tparam Codec how kept values are stored: `codec::exact` (the default), `codec::int8`,
+ * `codec::fp8_e4m3`
  */
-template <element T, class Policy>
+template <element T, class Policy, value_codec_type Codec = codec::exact>
 requires policy_for<Policy, T>
 class SparseCache {
  public:
   using value_type = T;        ///< element type
   using policy_type = Policy;  ///< selection policy
+  using codec_type = Codec;    ///< value codec
 
   /// @brief An empty cache with a default policy (`MinK<0.9>`, `Identity`, ...).
   SparseCache() noexcept(
       std::is_nothrow_default_constructible_v<Policy>) requires std::default_initializable<Policy>
   = default;
 
-  /// @brief An empty cache with the given policy (`SparseCache<float, MinK<>> c{MinK<>{0.9}}`).
-  explicit SparseCache(const Policy& policy) noexcept : policy_(policy) {}
+  /// @brief An empty cache with the given policy (`SparseCache<float, MinK<>> c{MinK<>{0.9}}`)
+  /// and codec (`c{MinK<>{0.9}, codec::int8{.stochastic = true, .seed = step}}`).
+  explicit SparseCache(const Policy& policy, const Codec& codec = {}) noexcept
+      : policy_(policy), codec_(codec) {}
 
   SparseCache(const SparseCache&) = delete;
   SparseCache& operator=(const SparseCache&) = delete;
@@ -83,7 +93,7 @@ class SparseCache {
    * is then unchanged.
    */
   template <class Exec>
-  requires executor_for<Exec, T, Policy>
+  requires executor_for<Exec, T, Policy, Codec>
   void pack(const Exec& exec, std::span<const T> x);
 
   /**
@@ -95,7 +105,7 @@ class SparseCache {
    * pointer and a non-zero size, or if exec works in another memory space than the payload.
    */
   template <class Exec>
-  requires executor_for<Exec, T, Policy>
+  requires executor_for<Exec, T, Policy, Codec>
   void restore(const Exec& exec, std::span<T> out) const;
 
   /// @brief Elements of the packed tensor (n); 0 when empty.
@@ -124,9 +134,14 @@ class SparseCache {
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
   /// @copydoc policy() const
   [[nodiscard]] Policy& policy() noexcept { return policy_; }
+  /// @brief The codec; changes to it (int8's stochastic seed) apply from the next pack.
+  [[nodiscard]] const Codec& codec() const noexcept { return codec_; }
+  /// @copydoc codec() const
+  [[nodiscard]] Codec& codec() noexcept { return codec_; }
 
  private:
   Policy policy_{};
+  Codec codec_{};
   detail::payload payload_;
   packed_layout layout_{};
   double scale_ = 1.0;

@@ -159,7 +159,7 @@ DROPIT_HD void expand_block_bitmask(const T* values, const std::uint32_t* words,
 /// Zeroes the padding between the sections of a host-accessible payload.
 inline void zero_padding(std::byte* base, const packed_layout& l) noexcept {
   const padding_gaps g = padding_of(l);
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < padding_gaps::count; ++i) {
     for (std::size_t b = g.begin[i]; b < g.end[i]; ++b)
       base[b] = std::byte{0};
   }

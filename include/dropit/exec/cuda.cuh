@@ -81,10 +81,11 @@ struct cuda_executor {
 
   /**
    * @brief Enqueues the pack of x (layout.n elements of device memory) into a new payload laid out
-   * as `layout`. Called by `SparseCache::pack`; users call that instead.
+   * as `layout`, its values stored with `codec`. Called by `SparseCache::pack`; users call that
+   * instead.
    */
-  template <class T, class Policy>
-  [[nodiscard]] detail::payload pack(const Policy& policy, const T* x,
+  template <class T, class Policy, class Codec>
+  [[nodiscard]] detail::payload pack(const Policy& policy, const Codec& codec, const T* x,
                                      const packed_layout& layout) const;
 
   /**

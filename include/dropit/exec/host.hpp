@@ -79,11 +79,12 @@ struct host_executor {
   }
 
   /**
-   * @brief Packs x (n = layout.n elements) into a new payload laid out as `layout`.
-   * Called by `SparseCache::pack`; users call that instead.
+   * @brief Packs x (n = layout.n elements) into a new payload laid out as `layout`, its values
+   * stored with `codec` (of `layout.codec`'s kind). Called by `SparseCache::pack`; users call that
+   * instead.
    */
-  template <class T, class Policy>
-  [[nodiscard]] detail::payload pack(const Policy& policy, const T* x,
+  template <class T, class Policy, class Codec>
+  [[nodiscard]] detail::payload pack(const Policy& policy, const Codec& codec, const T* x,
                                      const packed_layout& layout) const;
 
   /**

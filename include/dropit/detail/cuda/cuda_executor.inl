@@ -3,6 +3,7 @@
 // `cuda_kernels::fast`, that body's fast kernel (kernels.cuh) computing the same bytes.
 #pragma once
 
+#include <dropit/detail/codec.hpp>
 #include <dropit/detail/cuda/kernels.cuh>
 #include <dropit/detail/cuda/plan.hpp>
 #include <dropit/detail/cuda/portable.hpp>
@@ -71,6 +72,7 @@ struct device_steps {
   const T* x;
   const packed_layout& l;
   std::byte* payload;
+  T* values;  ///< where the compact step writes the kept values
   const select_plan& plan;
   const pack_temps<Key, T>& t;
   bool force_fallback;
@@ -97,7 +99,6 @@ struct device_steps {
   }
   void compact() {
     const bool index_list = l.positions != position_encoding::bitmask;
-    auto* values = reinterpret_cast<T*>(payload + l.values_offset);
     auto* positions = reinterpret_cast<std::uint32_t*>(payload + l.positions_offset);
     auto* offsets = reinterpret_cast<std::uint32_t*>(payload + l.block_offsets_offset);
     launch(pol, l.blocks(),
@@ -111,7 +112,8 @@ struct device_steps {
 /// Selects the k largest keys of x (0 < k < n) and writes the payload's values and positions.
 template <class T, class P>
 void pack_selected(const cuda_executor& e, const P& policy, const T* x, const packed_layout& l,
-                   std::byte* payload, workspace_lease& lease, const select_tuning& tuning) {
+                   std::byte* payload, T* values, workspace_lease& lease,
+                   const select_tuning& tuning) {
   using Key = key_type_t<P, T>;
   const cudaStream_t stream = lease.stream();
   const select_plan plan = plan_select<Key>(l.n, l.k, l.blocks(), tuning);
@@ -123,8 +125,8 @@ void pack_selected(const cuda_executor& e, const P& policy, const T* x, const pa
   lease_allocator alloc(lease);
   auto pol = rt::exec_policy(alloc, stream);
   step_launcher launch{use_fast(e), stream};
-  device_steps<T, P, decltype(pol)> steps{policy, x,     l, payload, plan, t, tuning.force_fallback,
-                                          pol,    launch};
+  device_steps<T, P, decltype(pol)> steps{
+      policy, x, l, payload, values, plan, t, tuning.force_fallback, pol, launch};
   run_selection(steps);
   if (tuning.ctl_copy != nullptr)
     rt::memcpy_async(tuning.ctl_copy, t.ctl, sizeof(select_ctl<Key>), stream);
@@ -168,10 +170,63 @@ decltype(auto) translate_errors(F&& f,
   }
 }
 
+/// The body that encodes chunk c of k values into a payload's codes and scales.
+template <class T>
+struct encode_fn {
+  const T* values;
+  std::size_t k;
+  codec_params codec;
+  std::uint8_t* codes;
+  float* scales;
+  DROPIT_HD void operator()(std::size_t c) const {
+    encode_chunk(values, k, c, codec, codes, scales);
+  }
+};
+
+/// The body that decodes chunk c of a payload's k coded values.
+template <class T>
+struct decode_fn {
+  const std::uint8_t* codes;
+  const float* scales;
+  std::size_t k;
+  value_codec kind;
+  T* values;
+  DROPIT_HD void operator()(std::size_t c) const {
+    decode_chunk(codes, scales, k, c, kind, values);
+  }
+};
+
+/// Enqueues the encoding of k values at `values` (device memory) into the payload.
+template <class T>
+void encode_values(const T* values, const packed_layout& l, std::byte* payload,
+                   const codec_params& codec, workspace_lease& lease) {
+  lease_allocator alloc(lease);
+  auto pol = rt::exec_policy(alloc, lease.stream());
+  for_each_index(
+      pol, codec_chunks(l.k),
+      encode_fn<T>{values, l.k, codec, reinterpret_cast<std::uint8_t*>(payload + l.values_offset),
+                   reinterpret_cast<float*>(payload + l.scales_offset)});
+}
+
+/// Enqueues the decoding of the payload's k coded values into `values` (device memory).
+template <class T>
+void decode_values(const std::byte* payload, const packed_layout& l, T* values,
+                   workspace_lease& lease) {
+  lease_allocator alloc(lease);
+  auto pol = rt::exec_policy(alloc, lease.stream());
+  for_each_index(pol, codec_chunks(l.k),
+                 decode_fn<T>{reinterpret_cast<const std::uint8_t*>(payload + l.values_offset),
+                              reinterpret_cast<const float*>(payload + l.scales_offset), l.k,
+                              l.codec, values});
+}
+
 /// The executor's pack, with the selection's knobs exposed for tests.
 template <class T, class P>
 [[nodiscard]] payload pack(const cuda_executor& e, const P& policy, const T* x,
-                           const packed_layout& l, const select_tuning& tuning = {}) {
+                           const packed_layout& l, const select_tuning& tuning = {},
+                           codec_params codec = {}) {
+  codec.kind = l.codec;
+  const bool coded = l.codec != value_codec::exact;
   DROPIT_EXPECTS(!l.wide(), "pack: the CUDA executor packs fewer than 2^32 elements, got ", l.n);
   if (l.n != 0) rt::check_device_pointer(x, "pack: the input");
   return translate_errors([&] {
@@ -181,12 +236,27 @@ template <class T, class P>
         l.total_bytes == 0 ? nullptr : static_cast<std::byte*>(mr->allocate(l.total_bytes, stream));
     payload out(data, l.total_bytes, memory_space::device, &release_device, mr, stream);
     if (l.k == 0) return out;
-    if (l.k == l.n) {
+    if (l.k == l.n && !coded) {
       rt::memcpy_async(out.data() + l.values_offset, x, l.n * sizeof(T), stream);
       return out;
     }
     call_workspace ws(e, stream);
-    pack_selected(e, policy, x, l, out.data(), ws.lease(), tuning);
+    if (coded) {
+      if (l.k == l.n) {  // no compact step zeroes the padding: the gap after the codes
+        const padding_gaps g = padding_of(l);
+        if (g.end[0] > g.begin[0])
+          rt::zero_async(out.data() + g.begin[0], g.end[0] - g.begin[0], stream);
+        encode_values(x, l, out.data(), codec, ws.lease());
+        return out;
+      }
+      std::byte* staged = ws.lease().take(l.k * sizeof(T));
+      pack_selected(e, policy, x, l, out.data(), reinterpret_cast<T*>(staged), ws.lease(), tuning);
+      encode_values(reinterpret_cast<const T*>(staged), l, out.data(), codec, ws.lease());
+      ws.lease().give(staged);
+      return out;
+    }
+    pack_selected(e, policy, x, l, out.data(), reinterpret_cast<T*>(out.data() + l.values_offset),
+                  ws.lease(), tuning);
     return out;
   });
 }
@@ -204,14 +274,20 @@ void restore(const cuda_executor& e, const payload& p, const packed_layout& l, T
     const restore_value<T> op{scale, scale != 1.0};
     const auto* values = reinterpret_cast<const T*>(p.data() + l.values_offset);
     const auto* positions = reinterpret_cast<const std::uint32_t*>(p.data() + l.positions_offset);
+    call_workspace ws(e, stream);
+    // A value codec's values are decoded first: into out when dense, else into a buffer.
+    if (l.codec != value_codec::exact && k > 0) {
+      T* decoded = k == n ? out : reinterpret_cast<T*>(ws.lease().take(k * sizeof(T)));
+      decode_values(p.data(), l, decoded, ws.lease());
+      values = decoded;
+    }
     switch (l.positions) {
       case position_encoding::none: {
         if (k == 0) {
           rt::zero_async(out, n * sizeof(T), stream);
         } else if (!op.apply) {
-          rt::memcpy_async(out, values, n * sizeof(T), stream);
+          if (values != out) rt::memcpy_async(out, values, n * sizeof(T), stream);
         } else {
-          call_workspace ws(e, stream);
           lease_allocator alloc(ws.lease());
           auto pol = rt::exec_policy(alloc, stream);
           thrust::transform(pol, values, values + n, out, scale_fn<T>{op});
@@ -221,7 +297,6 @@ void restore(const cuda_executor& e, const payload& p, const packed_layout& l, T
       case position_encoding::bitmask: {
         const auto* offsets =
             reinterpret_cast<const std::uint32_t*>(p.data() + l.block_offsets_offset);
-        call_workspace ws(e, stream);
         lease_allocator alloc(ws.lease());
         auto pol = rt::exec_policy(alloc, stream);
         step_launcher launch{use_fast(e), stream};
@@ -229,7 +304,6 @@ void restore(const cuda_executor& e, const payload& p, const packed_layout& l, T
         break;
       }
       case position_encoding::index32: {
-        call_workspace ws(e, stream);
         std::byte* buffer = ws.lease().take(blocks * sizeof(std::uint32_t));
         auto* first = reinterpret_cast<std::uint32_t*>(buffer);
         lease_allocator alloc(ws.lease());
@@ -252,10 +326,10 @@ void restore(const cuda_executor& e, const payload& p, const packed_layout& l, T
 
 }  // namespace detail::dev
 
-template <class T, class Policy>
-detail::payload cuda_executor::pack(const Policy& policy, const T* x,
+template <class T, class Policy, class Codec>
+detail::payload cuda_executor::pack(const Policy& policy, const Codec& codec, const T* x,
                                     const packed_layout& layout) const {
-  return detail::dev::pack(*this, policy, x, layout);
+  return detail::dev::pack(*this, policy, x, layout, {}, detail::params_of(codec));
 }
 
 template <class T>

@@ -216,7 +216,7 @@ struct resolve_fn {
 
 /// Zeroes the (at most 15-byte) padding gaps of a payload, so that payloads compare byte for byte.
 DROPIT_HD inline void zero_gaps(std::byte* payload, const padding_gaps& g) noexcept {
-  for (int s = 0; s < 2; ++s) {
+  for (int s = 0; s < padding_gaps::count; ++s) {
     for (std::size_t i = g.begin[s]; i < g.end[s]; ++i)
       payload[i] = std::byte{0};
   }

@@ -1,6 +1,7 @@
 // Implementation of dropit::host_executor (exec/host.hpp).
 #pragma once
 
+#include <dropit/detail/codec.hpp>
 #include <dropit/detail/host/classify.hpp>
 #include <dropit/detail/host/compact.hpp>
 #include <dropit/detail/host/parallel.hpp>
@@ -56,15 +57,18 @@ inline void release_host(void* resource, void*, std::byte* data, std::size_t byt
 template <class P, class T>
 class host_steps : public host_selector<P, T> {
  public:
+  /// `values`: where the compact step writes the k kept values (the payload's values section,
+  /// or a buffer a value codec encodes from).
   host_steps(const P& policy, const T* x, const packed_layout& layout, std::byte* payload,
-             unsigned threads, const host_select_tuning& tuning, std::pmr::memory_resource* mr,
-             std::uint32_t* words)
+             T* values, unsigned threads, const host_select_tuning& tuning,
+             std::pmr::memory_resource* mr, std::uint32_t* words)
       : host_selector<P, T>(policy, x, layout.n, layout.k, threads, tuning, mr, words,
                             words == nullptr),
         policy_(policy),
         x_(x),
         layout_(layout),
         payload_(payload),
+        values_(values),
         threads_(threads),
         words_(words) {}
 
@@ -74,7 +78,7 @@ class host_steps : public host_selector<P, T> {
     const std::size_t n = layout_.n;
     const word_classifier<P, T> cls(policy_, x_, n, sel.th.t, sel.th.t);
     const host_isa isa = active_host_isa();
-    T* values = reinterpret_cast<T*>(payload_ + layout_.values_offset);
+    T* values = values_;
     std::byte* positions = payload_ + layout_.positions_offset;
     std::byte* offsets = payload_ + layout_.block_offsets_offset;
     const T* x = x_;
@@ -110,9 +114,56 @@ class host_steps : public host_selector<P, T> {
   const T* x_;
   const packed_layout& layout_;
   std::byte* payload_;
+  T* values_;
   unsigned threads_;
   std::uint32_t* words_;
 };
+
+/// k values of T from a memory resource, given back when it goes (a value codec's staging).
+template <class T>
+class resource_buffer {
+ public:
+  resource_buffer(std::pmr::memory_resource* mr, std::size_t count)
+      : mr_(mr),
+        bytes_(count * sizeof(T)),
+        data_(static_cast<T*>(bytes_ == 0 ? nullptr : mr->allocate(bytes_, 64))) {}
+  resource_buffer(const resource_buffer&) = delete;
+  resource_buffer& operator=(const resource_buffer&) = delete;
+  ~resource_buffer() {
+    if (data_ != nullptr) mr_->deallocate(data_, bytes_, 64);
+  }
+  [[nodiscard]] T* get() const noexcept { return data_; }
+
+ private:
+  std::pmr::memory_resource* mr_;
+  std::size_t bytes_;
+  T* data_;
+};
+
+/// Encodes the k values at `values` into the payload's codes and scales, chunks in parallel.
+template <class T>
+void host_encode(const T* values, const packed_layout& l, std::byte* payload,
+                 const codec_params& codec, unsigned threads) {
+  auto* codes = reinterpret_cast<std::uint8_t*>(payload + l.values_offset);
+  auto* scales = reinterpret_cast<float*>(payload + l.scales_offset);
+  const std::size_t k = l.k;
+  parallel_for(threads, codec_chunks(k), [&](std::size_t c0, std::size_t c1, unsigned) {
+    for (std::size_t c = c0; c < c1; ++c)
+      encode_chunk(values, k, c, codec, codes, scales);
+  });
+}
+
+/// Decodes the payload's k coded values into `values`, chunks in parallel.
+template <class T>
+void host_decode(const std::byte* payload, const packed_layout& l, T* values, unsigned threads) {
+  const auto* codes = reinterpret_cast<const std::uint8_t*>(payload + l.values_offset);
+  const auto* scales = reinterpret_cast<const float*>(payload + l.scales_offset);
+  const std::size_t k = l.k;
+  parallel_for(threads, codec_chunks(k), [&](std::size_t c0, std::size_t c1, unsigned) {
+    for (std::size_t c = c0; c < c1; ++c)
+      decode_chunk(codes, scales, k, c, l.codec, values);
+  });
+}
 
 /**
  * The host pack on exactly `threads` workers (the executor picks the count), with the
@@ -122,7 +173,9 @@ template <class T, class Policy>
 [[nodiscard]] payload host_pack(const Policy& policy, const T* x, const packed_layout& layout,
                                 unsigned threads, std::pmr::memory_resource* mr,
                                 const host_select_tuning& tuning = {},
-                                host_select_report* report = nullptr) {
+                                host_select_report* report = nullptr, codec_params codec = {}) {
+  codec.kind = layout.codec;
+  const bool coded = layout.codec != value_codec::exact;
   payload out;
   if (layout.total_bytes > 0) {
     out = payload(static_cast<std::byte*>(mr->allocate(layout.total_bytes, 64)), layout.total_bytes,
@@ -134,19 +187,27 @@ template <class T, class Policy>
   zero_padding(out.data(), layout);
   T* values = reinterpret_cast<T*>(out.data() + layout.values_offset);
   if (k == n) {
-    parallel_for(threads, n, [&](std::size_t b, std::size_t e, unsigned) {
-      std::memcpy(values + b, x + b, (e - b) * sizeof(T));
-    });
+    if (coded) {
+      host_encode(x, layout, out.data(), codec, threads);
+    } else {
+      parallel_for(threads, n, [&](std::size_t b, std::size_t e, unsigned) {
+        std::memcpy(values + b, x + b, (e - b) * sizeof(T));
+      });
+    }
     return out;
   }
 
+  // A value codec encodes the kept values from a buffer the compact step fills.
+  resource_buffer<T> staged(mr, coded ? k : 0);
+  if (coded) values = staged.get();
   // The first fork-join comes after the sample: wake the workers now.
   parallel_prewake(threads);
   const bool bitmask = layout.positions == position_encoding::bitmask;
   auto* words =
       bitmask ? reinterpret_cast<std::uint32_t*>(out.data() + layout.positions_offset) : nullptr;
-  host_steps<Policy, T> steps(policy, x, layout, out.data(), threads, tuning, mr, words);
+  host_steps<Policy, T> steps(policy, x, layout, out.data(), values, threads, tuning, mr, words);
   run_selection(steps);
+  if (coded) host_encode(values, layout, out.data(), codec, threads);
   if (report != nullptr) *report = steps.report();
   return out;
 }
@@ -160,6 +221,22 @@ void host_restore(const payload& payload, const packed_layout& layout, T* out, d
   const std::size_t k = layout.k;
   const restore_value<T> op{scale, scale != 1.0};
   const T* values = reinterpret_cast<const T*>(payload.data() + layout.values_offset);
+  std::unique_ptr<T[]> decoded;  // a value codec's values, decoded
+  if (layout.codec != value_codec::exact && k > 0) {
+    if (k == n) {  // dense: decode straight into out
+      host_decode(payload.data(), layout, out, threads);
+      if (op.apply) {
+        parallel_for(threads, n, [&](std::size_t b, std::size_t e, unsigned) {
+          for (std::size_t i = b; i < e; ++i)
+            out[i] = op(out[i]);
+        });
+      }
+      return;
+    }
+    decoded.reset(new T[k]);
+    host_decode(payload.data(), layout, decoded.get(), threads);
+    values = decoded.get();
+  }
   const std::byte* positions = payload.data() + layout.positions_offset;
   const host_isa isa = active_host_isa();
   const bool stream = streaming < 0
@@ -205,13 +282,13 @@ void host_restore(const payload& payload, const packed_layout& layout, T* out, d
 
 }  // namespace detail
 
-template <class T, class Policy>
-detail::payload host_executor::pack(const Policy& policy, const T* x,
+template <class T, class Policy, class Codec>
+detail::payload host_executor::pack(const Policy& policy, const Codec& codec, const T* x,
                                     const packed_layout& layout) const {
   check_threads();
   return detail::host_pack(policy, x, layout,
                            detail::call_threads(*this, layout.n, detail::pack_cost),
-                           memory_resource());
+                           memory_resource(), {}, nullptr, detail::params_of(codec));
 }
 
 template <class T>
