@@ -244,46 +244,73 @@ TEST_CASE("bytes per element with a value codec (n = 2^24)") {
   CHECK(per(0.9, value_codec::fp8_e4m3) == per(0.9, value_codec::int8));
 }
 
+namespace {
+
+/// Packs chunk_inputs(n) with MinK at several gammas with int8 (stochastic and to nearest) and
+/// e4m3; checks the payload's sections against the oracle and the restore of int8 to nearest.
+template <class T>
+void run_coded_case(std::size_t n) {
+  const auto x = chunk_inputs<T>(n, n);
+
+  for (double g : {0.0, 0.5, 0.9, 0.99}) {
+    CAPTURE(n);
+    CAPTURE(g);
+    const dropit::MinK<> p{g};
+    const auto kept = oracle_mink<T>(x, p.kept(n));
+    std::vector<T> values;
+    for (std::size_t i : kept)
+      values.push_back(x[i]);
+    dropit::SparseCache<T, dropit::MinK<>> exact{p};
+    dropit::SparseCache<T, dropit::MinK<>, dropit::codec::int8> i8{p,
+                                                                   {.stochastic = true, .seed = 3}};
+    dropit::SparseCache<T, dropit::MinK<>, dropit::codec::fp8_e4m3> f8{p};
+    const dropit::host_executor exec{.threads = 2, .adaptive = false};
+    exact.pack(exec, std::span<const T>(x));
+    i8.pack(exec, std::span<const T>(x));
+    f8.pack(exec, std::span<const T>(x));
+    dropit::SparseCache<T, dropit::MinK<>, dropit::codec::int8> nearest{p};
+    nearest.pack(exec, std::span<const T>(x));
+    std::vector<T> back(n);
+    nearest.restore(exec, std::span<T>(back));
+    CHECK(same_bits<T>(back, oracle_coded_dense<T>(x, kept, false)));
+    const auto want_nearest = oracle_encode(values, false);
+    CHECK(std::memcmp(nearest.payload().data(), want_nearest.codes.data(),
+                      want_nearest.codes.size()) == 0);
+    for (int which = 0; which < 2; ++which) {
+      const auto& l = which == 0 ? i8.layout() : f8.layout();
+      const auto bytes = which == 0 ? i8.payload() : f8.payload();
+      const auto want = oracle_encode(values, which == 1, which == 0, 3);
+      CHECK(std::memcmp(bytes.data() + l.values_offset, want.codes.data(), want.codes.size()) == 0);
+      CHECK(std::memcmp(bytes.data() + l.scales_offset, want.scales.data(),
+                        want.scales.size() * 4) == 0);
+      const auto& el = exact.layout();
+      CHECK(std::memcmp(bytes.data() + l.positions_offset,
+                        exact.payload().data() + el.positions_offset,
+                        el.total_bytes - el.positions_offset) == 0);
+      for (std::size_t b = 0; b < bytes.size(); ++b) {  // the padding is zero
+        const auto gaps = dropit::padding_of(l);
+        for (int i = 0; i < dropit::padding_gaps::count; ++i)
+          if (b >= gaps.begin[i] && b < gaps.end[i]) CHECK(bytes[b] == std::byte{0});
+      }
+    }
+  }
+}
+
+}  // namespace
+
 TEST_CASE_TEMPLATE(
     "a coded host payload holds the oracle's codes and scales and the exact "
     "payload's positions",
     T, DROPIT_TEST_TYPES) {
-  for (std::size_t n : {std::size_t{3000}, (std::size_t{1} << 18) + 5}) {
-    const auto x = chunk_inputs<T>(n, n);
-    for (double g : {0.0, 0.5, 0.9, 0.99}) {
-      CAPTURE(n);
-      CAPTURE(g);
-      const dropit::MinK<> p{g};
-      const auto kept = oracle_mink<T>(x, p.kept(n));
-      std::vector<T> values;
-      for (std::size_t i : kept)
-        values.push_back(x[i]);
-      dropit::SparseCache<T, dropit::MinK<>> exact{p};
-      dropit::SparseCache<T, dropit::MinK<>, dropit::codec::int8> i8{
-          p, {.stochastic = true, .seed = 3}};
-      dropit::SparseCache<T, dropit::MinK<>, dropit::codec::fp8_e4m3> f8{p};
-      const dropit::host_executor exec{.threads = 2, .adaptive = false};
-      exact.pack(exec, std::span<const T>(x));
-      i8.pack(exec, std::span<const T>(x));
-      f8.pack(exec, std::span<const T>(x));
-      for (int which = 0; which < 2; ++which) {
-        const auto& l = which == 0 ? i8.layout() : f8.layout();
-        const auto bytes = which == 0 ? i8.payload() : f8.payload();
-        const auto want = oracle_encode(values, which == 1, which == 0, 3);
-        CHECK(std::memcmp(bytes.data() + l.values_offset, want.codes.data(), want.codes.size()) ==
-              0);
-        CHECK(std::memcmp(bytes.data() + l.scales_offset, want.scales.data(),
-                          want.scales.size() * 4) == 0);
-        const auto& el = exact.layout();
-        CHECK(std::memcmp(bytes.data() + l.positions_offset,
-                          exact.payload().data() + el.positions_offset,
-                          el.total_bytes - el.positions_offset) == 0);
-        for (std::size_t b = 0; b < bytes.size(); ++b) {  // the padding is zero
-          const auto gaps = dropit::padding_of(l);
-          for (int i = 0; i < dropit::padding_gaps::count; ++i)
-            if (b >= gaps.begin[i] && b < gaps.end[i]) CHECK(bytes[b] == std::byte{0});
-        }
-      }
+  // Every instruction set: fp32 int8 has AVX2 and AVX-512 paths (detail/host/codec_simd.hpp).
+  auto& cap = dropit::detail::host_isa_cap();
+  const int saved_cap = cap.load();
+  for (int isa = 0; isa <= 2; ++isa) {
+    for (std::size_t n : {std::size_t{3000}, (std::size_t{1} << 18) + 5}) {
+      cap.store(isa);
+      CAPTURE(isa);
+      run_coded_case<T>(n);
     }
   }
+  cap.store(saved_cap);
 }

@@ -34,7 +34,8 @@ namespace dropit {
  * and a restore into a 64-byte aligned output of that size writes with non-temporal stores.
  *
  * The memory resource supplies the payload (the bytes `SparseCache::bytes()` reports), so a
- * framework's allocator can own and count it; it must outlive every cache packed with it.
+ * framework's allocator can own and count it, and, with a value codec, the buffer of kept values
+ * a pack encodes from and a restore decodes into; it must outlive every cache packed with it.
  * Temporaries of a pack (a sample of keys, the candidates near the threshold: about 1% of x for
  * gamma = 0.9, and a few bytes per 1024 elements) come from the global heap.
  */

@@ -3,6 +3,7 @@
 
 #include <dropit/detail/codec.hpp>
 #include <dropit/detail/host/classify.hpp>
+#include <dropit/detail/host/codec_simd.hpp>
 #include <dropit/detail/host/compact.hpp>
 #include <dropit/detail/host/parallel.hpp>
 #include <dropit/detail/host/select.hpp>
@@ -147,9 +148,10 @@ void host_encode(const T* values, const packed_layout& l, std::byte* payload,
   auto* codes = reinterpret_cast<std::uint8_t*>(payload + l.values_offset);
   auto* scales = reinterpret_cast<float*>(payload + l.scales_offset);
   const std::size_t k = l.k;
+  const host_isa isa = active_host_isa();
   parallel_for(threads, codec_chunks(k), [&](std::size_t c0, std::size_t c1, unsigned) {
     for (std::size_t c = c0; c < c1; ++c)
-      encode_chunk(values, k, c, codec, codes, scales);
+      host_encode_chunk(values, k, c, codec, codes, scales, isa);
   });
 }
 
@@ -159,9 +161,10 @@ void host_decode(const std::byte* payload, const packed_layout& l, T* values, un
   const auto* codes = reinterpret_cast<const std::uint8_t*>(payload + l.values_offset);
   const auto* scales = reinterpret_cast<const float*>(payload + l.scales_offset);
   const std::size_t k = l.k;
+  const host_isa isa = active_host_isa();
   parallel_for(threads, codec_chunks(k), [&](std::size_t c0, std::size_t c1, unsigned) {
     for (std::size_t c = c0; c < c1; ++c)
-      decode_chunk(codes, scales, k, c, l.codec, values);
+      host_decode_chunk(codes, scales, k, c, l.codec, values, isa);
   });
 }
 
@@ -216,12 +219,13 @@ template <class T, class Policy>
 /// decide, 1 streams whenever the instruction set and alignment allow (tests), 0 never.
 template <class T>
 void host_restore(const payload& payload, const packed_layout& layout, T* out, double scale,
-                  unsigned threads, int streaming = -1) {
+                  unsigned threads, int streaming = -1,
+                  std::pmr::memory_resource* mr = std::pmr::get_default_resource()) {
   const std::size_t n = layout.n;
   const std::size_t k = layout.k;
   const restore_value<T> op{scale, scale != 1.0};
   const T* values = reinterpret_cast<const T*>(payload.data() + layout.values_offset);
-  std::unique_ptr<T[]> decoded;  // a value codec's values, decoded
+  resource_buffer<T> decoded(mr, layout.codec != value_codec::exact && k < n ? k : 0);
   if (layout.codec != value_codec::exact && k > 0) {
     if (k == n) {  // dense: decode straight into out
       host_decode(payload.data(), layout, out, threads);
@@ -233,7 +237,6 @@ void host_restore(const payload& payload, const packed_layout& layout, T* out, d
       }
       return;
     }
-    decoded.reset(new T[k]);
     host_decode(payload.data(), layout, decoded.get(), threads);
     values = decoded.get();
   }
@@ -296,7 +299,8 @@ void host_executor::restore(const detail::payload& payload, const packed_layout&
                             double scale) const {
   check_threads();
   detail::host_restore(payload, layout, out, scale,
-                       detail::call_threads(*this, layout.n, detail::restore_cost));
+                       detail::call_threads(*this, layout.n, detail::restore_cost), -1,
+                       memory_resource());
 }
 
 }  // namespace dropit
