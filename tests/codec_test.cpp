@@ -122,7 +122,9 @@ TEST_CASE_TEMPLATE("int8 and e4m3 chunks: codes, scales and decoded values equal
       const auto [coded, back] = library_code(x, kind, stochastic, 77);
       const auto want = oracle_encode(x, fp8, stochastic, 77);
       CHECK(coded.codes == want.codes);
-      CHECK(std::memcmp(coded.scales.data(), want.scales.data(), want.scales.size() * 4) == 0);
+      CHECK(coded.scales.size() == want.scales.size());
+      CHECK((want.scales.empty() ||
+             std::memcmp(coded.scales.data(), want.scales.data(), want.scales.size() * 4) == 0));
       CHECK(same_bits<T>(back, oracle_decode<T>(want, fp8)));
       // The error bound: half a step of the chunk's scale (a whole step when stochastic), e4m3's
       // relative step 2^-4 (plus the subnormal step), NaN where the input was not finite.

@@ -322,24 +322,38 @@ TEST_CASE("torch: gradients computed in pieces equal the gradients computed whol
 }
 
 TEST_CASE("torch: a range restore equals the slice of a whole restore, for every encoding") {
-  // gamma 0.5: bitmask; 0.99: index list; 0 and 1: no positions (dense copy, nothing kept).
-  for (double gamma : {0.0, 0.5, 0.99, 1.0}) {
-    CAPTURE(gamma);
-    auto x = tie_free({70001}, torch::kFloat, 31);
-    auto saved = dt::detail::save_packed(x, make_policy(dt::policy_kind::mink, gamma));
-    const auto whole = dt::detail::restore_packed(saved, x.sizes());
-    const std::vector<std::pair<std::int64_t, std::int64_t>> ranges = {
-        {0, 70001},   {0, 1},       {5, 37},        {31, 33},
-        {1000, 3071}, {1024, 2048}, {69999, 70001}, {33, 33}};
-    for (auto [b, e] : ranges) {
-      CAPTURE(b);
-      CAPTURE(e);
-      auto part = torch::full({e - b}, 7.0f);
-      dt::detail::box_of<dt::detail::cache_box>(saved).cache.restore_range(
-          static_cast<std::size_t>(b), static_cast<std::size_t>(e), part.data_ptr());
-      CHECK(torch::equal(part, whole.slice(0, b, e)));
+  // gamma 0.5: bitmask; 0.99: index list; 0 and 1: no positions (dense copy, nothing kept); each
+  // with exact, int8 and e4m3 values (a coded range decodes only the chunks it needs).
+  for (auto codec :
+       {dropit::value_codec::exact, dropit::value_codec::int8, dropit::value_codec::fp8_e4m3})
+    for (double gamma : {0.0, 0.5, 0.99, 1.0}) {
+      CAPTURE(gamma);
+      CAPTURE(dt::to_string(codec));
+      auto x = tie_free({70001}, torch::kFloat, 31);
+      auto policy = make_policy(dt::policy_kind::mink, gamma);
+      policy.codec = codec;
+      auto saved = dt::detail::save_packed(x, policy);
+      const auto whole = dt::detail::restore_packed(saved, x.sizes());
+      const std::vector<std::pair<std::int64_t, std::int64_t>> ranges = {
+          {0, 70001},   {0, 1},       {5, 37},        {31, 33},
+          {1000, 3071}, {1024, 2048}, {69999, 70001}, {33, 33}};
+      for (auto [b, e] : ranges) {
+        CAPTURE(b);
+        CAPTURE(e);
+        auto part = torch::full({e - b}, 7.0f);
+        dt::detail::box_of<dt::detail::cache_box>(saved).cache.restore_range(
+            static_cast<std::size_t>(b), static_cast<std::size_t>(e), part.data_ptr());
+        CHECK(torch::equal(part, whole.slice(0, b, e)));
+      }
+      if (codec != dropit::value_codec::exact && gamma > 0.0 && gamma < 1.0) {  // through the codec
+        auto exact_policy = make_policy(dt::policy_kind::mink, gamma);
+        auto exact = dt::detail::save_packed(x, exact_policy);
+        const auto plain = dt::detail::restore_packed(exact, x.sizes());
+        CHECK_FALSE(torch::equal(whole, plain));
+        CHECK(torch::equal(whole.ne(0), plain.ne(0)));  // the same positions
+        CHECK((whole - plain).abs().max().item<double>() <= plain.abs().max().item<double>() / 16);
+      }
     }
-  }
 }
 
 // ---- plain paths, lifetime -------------------------------------------------------------------

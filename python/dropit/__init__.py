@@ -44,32 +44,32 @@ class MinK(_C.Policy):
     positions first; NaN ranks above +inf.
     """
 
-    def __init__(self, gamma=0.9):
-        super().__init__("mink", float(gamma), 0)
+    def __init__(self, gamma=0.9, codec="exact"):
+        super().__init__("mink", float(gamma), 0, str(codec))
 
     def __reduce__(self):
-        return (MinK, (self.gamma,))
+        return (MinK, (self.gamma, self.codec))
 
 
 class Random(_C.Policy):
     """Keeps (1 - gamma) of the positions, drawn by a counter-based hash of (seed, position):
     the same seed gives the same positions; ``to_dropit`` gives every layer and step its own."""
 
-    def __init__(self, gamma=0.9, seed=0):
-        super().__init__("random", float(gamma), int(seed))
+    def __init__(self, gamma=0.9, seed=0, codec="exact"):
+        super().__init__("random", float(gamma), int(seed), str(codec))
 
     def __reduce__(self):
-        return (Random, (self.gamma, self.seed))
+        return (Random, (self.gamma, self.seed, self.codec))
 
 
 class Identity(_C.Policy):
     """Keeps everything (a dense copy): the baseline of the machinery."""
 
-    def __init__(self):
-        super().__init__("identity", 0.0, 0)
+    def __init__(self, codec="exact"):
+        super().__init__("identity", 0.0, 0, str(codec))
 
     def __reduce__(self):
-        return (Identity, ())
+        return (Identity, (self.codec,))
 
 
 def pack(tensor, policy):

@@ -308,7 +308,7 @@ class Handle:
         return f"dropit.Handle({self.policy!r}, {counts or 'no layers'})"
 
 
-def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0):
+def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0, codec="exact"):
     """Makes ``model``'s layers save less for backward, without replacing any module.
 
     Args:
@@ -321,17 +321,20 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0)
             everything under them), e.g. the first layer and the classifier head.
         masks: ReLU saves a 1-bit mask, MaxPool2d its window positions (exact).
         seed: base seed of ``"random"``.
+        codec: how the kept values are stored: ``"exact"``, or 8 bits with a scale per 1024
+            values, ``"int8"`` (round to nearest) or ``"fp8"`` (e4m3); see the C++ codec.hpp.
 
     Returns:
         a ``Handle``; ``handle.remove()`` undoes it.
 
     Raises:
-        dropit.Error: bad strategy or gamma, an excluded name that is no module of the model, or a
+        dropit.Error: bad strategy, gamma or codec, an excluded name that is no module of the model, or a
         model already converted. Nothing is registered then.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"dropit: to_dropit: model must be an nn.Module, got {type(model).__name__}")
-    policy = _C.Policy(str(strategy), float(gamma), int(seed))  # checks strategy and gamma
+    # checks strategy, gamma and codec
+    policy = _C.Policy(str(strategy), float(gamma), int(seed), str(codec))
     if isinstance(exclude, str):
         exclude = (exclude,)
     exclude = tuple(exclude)

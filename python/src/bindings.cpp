@@ -33,14 +33,17 @@ py::tuple shape_tuple(const std::vector<std::int64_t>& sizes) {
 }
 
 std::string policy_repr(const dt::policy& p) {
+  const std::string codec =
+      p.codec == dropit::value_codec::exact ? "" : "codec='" + dt::to_string(p.codec) + "'";
   switch (p.kind) {
     case dt::policy_kind::mink:
-      return "dropit.MinK(gamma=" + py::repr(py::float_(p.gamma)).cast<std::string>() + ")";
+      return "dropit.MinK(gamma=" + py::repr(py::float_(p.gamma)).cast<std::string>() +
+             (codec.empty() ? "" : ", " + codec) + ")";
     case dt::policy_kind::random:
       return "dropit.Random(gamma=" + py::repr(py::float_(p.gamma)).cast<std::string>() +
-             ", seed=" + std::to_string(p.seed) + ")";
+             ", seed=" + std::to_string(p.seed) + (codec.empty() ? "" : ", " + codec) + ")";
     case dt::policy_kind::identity:
-      return "dropit.Identity()";
+      return "dropit.Identity(" + codec + ")";
     case dt::policy_kind::none:
       break;
   }
@@ -104,14 +107,19 @@ PYBIND11_MODULE(_C, m) {
 A selection policy: which elements of a saved tensor to keep.
 
 Use the subclasses: ``dropit.MinK(gamma)``, ``dropit.Random(gamma, seed)``, ``dropit.Identity()``.
-gamma is the fraction dropped, in [0, 1].)doc")
-      .def(py::init([](const std::string& kind, double gamma, std::uint64_t seed) {
-             return dt::policy::parse(kind, gamma, seed);
+gamma is the fraction dropped, in [0, 1]; ``codec`` ("exact", "int8", "fp8") how kept values are
+stored.)doc")
+      .def(py::init([](const std::string& kind, double gamma, std::uint64_t seed,
+                       const std::string& codec) {
+             dt::policy p = dt::policy::parse(kind, gamma, seed);
+             p.codec = dt::parse_codec(codec);
+             return p;
            }),
-           py::arg("kind"), py::arg("gamma") = 0.0, py::arg("seed") = 0)
+           py::arg("kind"), py::arg("gamma") = 0.0, py::arg("seed") = 0, py::arg("codec") = "exact")
       .def_property_readonly("kind", [](const dt::policy& p) { return dt::to_string(p.kind); })
       .def_property_readonly("gamma", [](const dt::policy& p) { return p.gamma; })
       .def_property_readonly("seed", [](const dt::policy& p) { return p.seed; })
+      .def_property_readonly("codec", [](const dt::policy& p) { return dt::to_string(p.codec); })
       .def(
           "with_seed",
           [](const dt::policy& p, std::uint64_t seed) {
@@ -122,7 +130,7 @@ gamma is the fraction dropped, in [0, 1].)doc")
           py::arg("seed"), "The same policy with another seed (Random's positions).")
       .def("__repr__", &policy_repr)
       .def("__eq__", [](const dt::policy& a, const dt::policy& b) {
-        return a.kind == b.kind && a.gamma == b.gamma && a.seed == b.seed;
+        return a.kind == b.kind && a.gamma == b.gamma && a.seed == b.seed && a.codec == b.codec;
       });
 
   py::class_<dt::packed_tensor>(m, "Packed", R"doc(

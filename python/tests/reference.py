@@ -62,6 +62,55 @@ def random_select(t, gamma, seed):
     return out.view(t.shape)
 
 
+def _e4m3_table():
+    """The values of the e4m3 codes 0x00..0x7e (bias 7, 3 mantissa bits, subnormals m * 2^-9)."""
+    vals = []
+    for c in range(0x7F):
+        e, m = c >> 3, c & 7
+        vals.append(m * 2.0 ** -9 if e == 0 else (8 + m) * 2.0 ** (e - 10))
+    return torch.tensor(vals, dtype=torch.float64)
+
+
+def _e4m3_round(q):
+    """Nearest e4m3 value of each element of q (float32), ties to the even code, beyond 448 the
+    largest: by search over the 127 non-negative codes."""
+    table = _e4m3_table()
+    a = q.double().abs().clamp(max=448.0)
+    d = (a[:, None] - table[None, :]).abs()
+    best = d.min(dim=1, keepdim=True).values
+    ties = d == best
+    codes = torch.arange(table.numel())
+    # Among the nearest codes the even one (two at most, neighbours of opposite parity).
+    even = ties & (codes[None, :] % 2 == 0)
+    pick = torch.where(even.any(dim=1), even.float().argmax(dim=1), ties.float().argmax(dim=1))
+    return (table[pick] * torch.where(q < 0, -1.0, 1.0).double()).float()
+
+
+def quantize_kept(dense, kept_positions, codec):
+    """What a codec stores of the kept values (in position order) of the flat tensor `dense`:
+    chunks of 1024 values, scale = largest finite |v| / 127 (int8: round half to even) or / 448
+    (fp8: e4m3), float32 arithmetic; non-finite values restore as NaN, chunks below 2^-100 as
+    zeros. Returns dense with the kept values replaced by their decoded values."""
+    out = dense.clone().reshape(-1)
+    pos = kept_positions.sort().values
+    vals = out[pos].float()
+    rng = 127.0 if codec == "int8" else 448.0
+    dec = torch.empty_like(vals)
+    for b in range(0, vals.numel(), 1024):
+        v = vals[b:b + 1024]
+        finite = torch.isfinite(v)
+        a = v[finite].abs().max() if finite.any() else torch.tensor(0.0)
+        if a < 2.0 ** -100:
+            s, inv = torch.tensor(0.0), torch.tensor(0.0)
+        else:
+            s, inv = a / rng, torch.tensor(rng, dtype=torch.float32) / a
+        q = torch.where(finite, v, torch.zeros_like(v)) * inv
+        r = torch.round(q).clamp(-127, 127) if codec == "int8" else _e4m3_round(q)
+        dec[b:b + 1024] = torch.where(finite, r * s, torch.full_like(v, float("nan")))
+    out[pos] = dec.to(out.dtype)
+    return out.view(dense.shape)
+
+
 def layer_seed(base, index, step):
     """The seed to_dropit documents for layer `index` (0-based, in named_modules order among the
     hooked layers) at its `step`-th training forward (1-based)."""

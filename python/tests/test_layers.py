@@ -105,6 +105,51 @@ def test_matmul_layers(name, make, shape, dtype, gamma):
     handle.remove()
 
 
+@pytest.mark.parametrize("codec", ["int8", "fp8"])
+@pytest.mark.parametrize("name,make,shape", LINEAR_CASES[:4] + LINEAR_CASES[5:6],
+                         ids=[c[0] for c in LINEAR_CASES[:4] + LINEAR_CASES[5:6]])
+def test_matmul_layers_with_a_value_codec(name, make, shape, codec):
+    layer = make()
+    plain = copy.deepcopy(layer)
+    x = torch.randn(shape).requires_grad_(True)
+    y0, gx0, grads0, g = run(plain, x)
+    handle = dropit.to_dropit(layer, "mink", 0.9, codec=codec)
+    x1 = x.detach().clone().requires_grad_(True)
+    y = layer(x1)
+    assert torch.equal(y, y0)
+    # Backward reads the sparsified input with its kept values through the codec.
+    x2 = x1.detach().reshape(-1, x1.shape[-1])
+    sparse = reference.mink(x2, 0.9)
+    positions = torch.nonzero(sparse.reshape(-1) != 0).reshape(-1)
+    want_input = reference.quantize_kept(sparse, positions, codec)
+    assert torch.equal(saved_input(y), want_input)
+    assert not torch.equal(want_input, sparse)  # the codec changed values: not vacuous
+    y.backward(g)
+    assert torch.equal(x1.grad, gx0)  # input and bias gradients stay exact
+    if getattr(layer, "bias", None) is not None:
+        assert torch.equal(layer.bias.grad, grads0["bias"])
+    g2 = g.reshape(-1, g.shape[-1])
+    want = g2.t().mm(want_input) if isinstance(layer, nn.Linear) else want_input.t().mm(g2)
+    torch.testing.assert_close(layer.weight.grad, want, **TOL[torch.float32])
+    handle.remove()
+
+
+def test_a_value_codec_saves_fewer_bytes():
+    import fmnist
+
+    x = torch.randn(64, 1, 28, 28)
+    held = {}
+    for codec in ("exact", "int8", "fp8"):
+        torch.manual_seed(0)
+        net = fmnist.make_cnn()
+        dropit.to_dropit(net, "mink", 0.9, codec=codec)
+        y = net(x)
+        held[codec] = dropit.live_saved_bytes().sparse
+        y.sum().backward()
+    assert held["int8"] == held["fp8"]
+    assert held["int8"] < 0.6 * held["exact"]
+
+
 @pytest.mark.parametrize("name,make,shape", LINEAR_CASES[:4], ids=[c[0] for c in LINEAR_CASES[:4]])
 def test_matmul_layers_input_without_grad(name, make, shape):
     layer = make()
@@ -449,6 +494,7 @@ def test_exclude_and_remove():
     (dict(gamma=1.5), r"gamma must be in \[0, 1\], got 1.5"),
     (dict(gamma=-0.5, strategy="random"), r"Random: gamma must be in \[0, 1\]"),
     (dict(exclude=["0", "nope", "features.3"]), "exclude names no module of the model: 'nope', 'features.3'"),
+    (dict(codec="int4"), "unknown codec 'int4'"),
 ])
 def test_bad_arguments_register_nothing(kwargs, message):
     import fmnist

@@ -37,6 +37,39 @@ def test_mink_ties_nan_inf_signed_zero(dtype):
         assert torch.equal(got.nan_to_num(), want.nan_to_num())
 
 
+@pytest.mark.parametrize("codec", ["int8", "fp8"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 0.9, 0.99])
+def test_codecs_match_oracle(codec, dtype, gamma):
+    x = torch.randn(5000).to(dtype)
+    x[3], x[7] = float("nan"), float("inf")
+    exact = dropit.pack(x, dropit.MinK(gamma))
+    p = dropit.pack(x, dropit.MinK(gamma, codec=codec))
+    assert p.kept == exact.kept
+    kept = exact.restore()
+    positions = torch.nonzero((kept != 0) | kept.isnan()).reshape(-1)
+    want = reference.quantize_kept(reference.mink(x, gamma), positions, codec)
+    got = p.restore()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    if 0 < p.kept:
+        assert p.nbytes < exact.nbytes or dtype not in (torch.float32, torch.float64)
+
+
+def test_codec_bytes_and_policies():
+    x = torch.randn(1 << 16)
+    assert dropit.pack(x, dropit.Identity(codec="int8")).nbytes == (1 << 16) + (1 << 16) // 1024 * 4
+    assert dropit.pack(x, dropit.MinK(0.9, codec="fp8")).nbytes < 0.25 * dropit.pack(
+        x, dropit.MinK(0.9)).nbytes * 1.01 + 0.13 * (1 << 16)
+    assert dropit.MinK(0.9, codec="int8").codec == "int8"
+    assert repr(dropit.MinK(0.9, codec="int8")) == "dropit.MinK(gamma=0.9, codec='int8')"
+    assert dropit.MinK(0.9, codec="int8") != dropit.MinK(0.9)
+    assert pickle.loads(pickle.dumps(dropit.Random(0.5, 3, codec="fp8"))) == dropit.Random(
+        0.5, 3, codec="fp8")
+    with pytest.raises(dropit.Error, match="unknown codec 'int4'"):
+        dropit.MinK(0.9, codec="int4")
+
+
 def test_docstring_example():
     p = dropit.pack(torch.tensor([0.1, -3.0, 0.2, 2.5]), dropit.MinK(0.5))
     assert torch.equal(p.restore(), torch.tensor([0.0, -3.0, 0.0, 2.5]))

@@ -5,6 +5,8 @@
  */
 #pragma once
 
+#include <dropit/codec.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -30,6 +32,8 @@ struct policy {
   policy_kind kind = policy_kind::none;  ///< what to keep
   double gamma = 0.0;                    ///< fraction dropped, in [0, 1] (mink, random)
   std::uint64_t seed = 0;                ///< base seed of `random`; step s of a layer uses seed + s
+  /// How the kept values are stored (codec.hpp): exact, or 8-bit codes (int8 rounds to nearest)
+  value_codec codec = value_codec::exact;
 
   /// @brief Throws dropit::error unless gamma is in [0, 1] (checked for mink and random).
   void validate() const;
@@ -46,6 +50,15 @@ struct policy {
 
 /// @brief The name `policy::parse` reads: "none", "identity", "mink", "random".
 [[nodiscard]] std::string to_string(policy_kind kind);
+
+/**
+ * @brief Parses a value codec's name: "exact", "int8" or "fp8" (e4m3).
+ * @throw dropit::error for another name.
+ */
+[[nodiscard]] value_codec parse_codec(std::string_view name);
+
+/// @brief The name `parse_codec` reads: "exact", "int8", "fp8".
+[[nodiscard]] std::string to_string(value_codec codec);
 
 /**
  * @brief Bytes held right now by what dropit's autograd functions saved for backward (live

@@ -48,6 +48,25 @@ inline std::string to_string(policy_kind kind) {
   return "?";
 }
 
+inline value_codec parse_codec(std::string_view name) {
+  if (name == "exact") return value_codec::exact;
+  if (name == "int8") return value_codec::int8;
+  if (name == "fp8") return value_codec::fp8_e4m3;
+  dropit::detail::throw_error("policy: unknown codec '", name, "' (expected exact, int8 or fp8)");
+}
+
+inline std::string to_string(value_codec codec) {
+  switch (codec) {
+    case value_codec::exact:
+      return "exact";
+    case value_codec::int8:
+      return "int8";
+    case value_codec::fp8_e4m3:
+      return "fp8";
+  }
+  return "?";
+}
+
 namespace detail {
 
 /// Live bytes of dropit's saved tensors, by kind.

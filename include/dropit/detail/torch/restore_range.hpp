@@ -9,6 +9,7 @@
  */
 #pragma once
 
+#include <dropit/detail/codec.hpp>
 #include <dropit/detail/numeric.hpp>
 #include <dropit/detail/steps.hpp>
 #include <dropit/detail/torch/kernels.hpp>
@@ -20,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace dropit::torch::detail {
 
@@ -36,8 +38,8 @@ template <class Offset>
 }
 
 /// Bitmask restore of [begin, end) into out[0, end - begin).
-template <class T, class Offset>
-void restore_bitmask_range(const T* values, const std::uint32_t* words, const Offset* offsets,
+template <class T, class Values, class Offset>
+void restore_bitmask_range(const Values& values, const std::uint32_t* words, const Offset* offsets,
                            std::size_t begin, std::size_t end, T* out,
                            dropit::detail::restore_value<T> op) {
   const std::size_t w_first = begin / word_elements;
@@ -76,8 +78,8 @@ void restore_bitmask_range(const T* values, const std::uint32_t* words, const Of
 }
 
 /// Index-list restore of [begin, end) into out[0, end - begin).
-template <class T, class Index>
-void restore_index_range(const T* values, const Index* index, std::size_t k, std::size_t begin,
+template <class T, class Values, class Index>
+void restore_index_range(const Values& values, const Index* index, std::size_t k, std::size_t begin,
                          std::size_t end, T* out, dropit::detail::restore_value<T> op) {
   parallel_pieces(static_cast<std::int64_t>(begin), static_cast<std::int64_t>(end), 1 << 16,
                   mask_ns_per_element, [&](std::int64_t s0, std::int64_t s1) {
@@ -93,24 +95,16 @@ void restore_index_range(const T* values, const Index* index, std::size_t k, std
                   });
 }
 
-/**
- * Writes elements [begin, end) of the dense tensor a payload describes to out[0, end - begin):
- * kept values (times scale) in place, zeros elsewhere.
- * @pre begin <= end <= layout.n; payload laid out as `layout`, host-accessible.
- */
-template <class T>
-void restore_range(const packed_layout& layout, const std::byte* payload, double scale,
-                   std::size_t begin, std::size_t end, T* out) {
-  if (begin >= end) return;
+/// restore_range over the kept values `values`: a T pointer, or `decoded_values`.
+template <class T, class Values>
+void restore_range_from(const packed_layout& layout, const std::byte* payload, const Values& values,
+                        double scale, std::size_t begin, std::size_t end, T* out) {
   const dropit::detail::restore_value<T> op{scale, scale != 1.0};
-  const T* values = reinterpret_cast<const T*>(payload + layout.values_offset);
   const std::byte* positions = payload + layout.positions_offset;
   switch (layout.positions) {
     case position_encoding::none:
       if (layout.k == 0) {
         std::fill(out, out + (end - begin), T{});
-      } else if (!op.apply) {
-        std::memcpy(out, values + begin, (end - begin) * sizeof(T));
       } else {
         for (std::size_t i = begin; i < end; ++i)
           out[i - begin] = op(values[i]);
@@ -120,23 +114,103 @@ void restore_range(const packed_layout& layout, const std::byte* payload, double
       const auto* words = reinterpret_cast<const std::uint32_t*>(positions);
       const std::byte* offsets = payload + layout.block_offsets_offset;
       if (layout.wide()) {
-        restore_bitmask_range(values, words, reinterpret_cast<const std::uint64_t*>(offsets), begin,
-                              end, out, op);
+        restore_bitmask_range<T>(values, words, reinterpret_cast<const std::uint64_t*>(offsets),
+                                 begin, end, out, op);
       } else {
-        restore_bitmask_range(values, words, reinterpret_cast<const std::uint32_t*>(offsets), begin,
-                              end, out, op);
+        restore_bitmask_range<T>(values, words, reinterpret_cast<const std::uint32_t*>(offsets),
+                                 begin, end, out, op);
       }
       return;
     }
     case position_encoding::index32:
-      restore_index_range(values, reinterpret_cast<const std::uint32_t*>(positions), layout.k,
-                          begin, end, out, op);
+      restore_index_range<T>(values, reinterpret_cast<const std::uint32_t*>(positions), layout.k,
+                             begin, end, out, op);
       return;
     case position_encoding::index64:
-      restore_index_range(values, reinterpret_cast<const std::uint64_t*>(positions), layout.k,
-                          begin, end, out, op);
+      restore_index_range<T>(values, reinterpret_cast<const std::uint64_t*>(positions), layout.k,
+                             begin, end, out, op);
       return;
   }
+}
+
+/// The values of a value-coded payload with indices [first, last), decoded.
+template <class T>
+class decoded_values {
+ public:
+  decoded_values(const packed_layout& l, const std::byte* payload, std::size_t first,
+                 std::size_t last)
+      : first_(first), values_(last - first) {
+    const auto* codes = reinterpret_cast<const std::uint8_t*>(payload + l.values_offset);
+    const auto* scales = reinterpret_cast<const float*>(payload + l.scales_offset);
+    std::vector<T> chunk(codec_chunk);  // one decoded chunk; the range keeps its part
+    for (std::size_t c = first / codec_chunk; c * codec_chunk < last; ++c) {
+      const std::size_t c0 = c * codec_chunk;
+      const std::size_t c1 = std::min(l.k, c0 + codec_chunk);
+      dropit::detail::decode_chunk(codes + c0, scales + c, c1 - c0, 0, l.codec, chunk.data());
+      for (std::size_t i = std::max(first, c0); i < std::min(last, c1); ++i)
+        values_[i - first] = chunk[i - c0];
+    }
+  }
+  [[nodiscard]] T operator[](std::size_t i) const noexcept { return values_[i - first_]; }
+
+ private:
+  std::size_t first_;
+  std::vector<T> values_;
+};
+
+/// The kept values of a payload before element i (the value index of the first kept element at
+/// or after i).
+[[nodiscard]] inline std::size_t values_before(const packed_layout& l, const std::byte* payload,
+                                               std::size_t i) {
+  const std::byte* positions = payload + l.positions_offset;
+  switch (l.positions) {
+    case position_encoding::none:
+      return l.k == 0 ? 0 : i;
+    case position_encoding::bitmask: {
+      const auto* words = reinterpret_cast<const std::uint32_t*>(positions);
+      const std::byte* offsets = payload + l.block_offsets_offset;
+      const std::size_t w = i / word_elements;
+      const unsigned j = static_cast<unsigned>(i % word_elements);
+      std::size_t at =
+          l.wide() ? values_before_word(words, reinterpret_cast<const std::uint64_t*>(offsets), w)
+                   : values_before_word(words, reinterpret_cast<const std::uint32_t*>(offsets), w);
+      if (j != 0) {
+        at += static_cast<std::size_t>(dropit::detail::popcount32(words[w] & ((1u << j) - 1u)));
+      }
+      return at;
+    }
+    case position_encoding::index32: {
+      const auto* idx = reinterpret_cast<const std::uint32_t*>(positions);
+      return static_cast<std::size_t>(
+          std::lower_bound(idx, idx + l.k, static_cast<std::uint32_t>(i)) - idx);
+    }
+    case position_encoding::index64: {
+      const auto* idx = reinterpret_cast<const std::uint64_t*>(positions);
+      return static_cast<std::size_t>(
+          std::lower_bound(idx, idx + l.k, static_cast<std::uint64_t>(i)) - idx);
+    }
+  }
+  return 0;
+}
+
+/**
+ * Writes elements [begin, end) of the dense tensor a payload describes to out[0, end - begin):
+ * kept values (times scale) in place, zeros elsewhere. A value-coded payload's values are decoded
+ * first, only the chunks the range needs.
+ * @pre begin <= end <= layout.n; payload laid out as `layout`, host-accessible.
+ */
+template <class T>
+void restore_range(const packed_layout& layout, const std::byte* payload, double scale,
+                   std::size_t begin, std::size_t end, T* out) {
+  if (begin >= end) return;
+  if (layout.codec != value_codec::exact && layout.k > 0) {
+    const decoded_values<T> values(layout, payload, values_before(layout, payload, begin),
+                                   values_before(layout, payload, end));
+    restore_range_from(layout, payload, values, scale, begin, end, out);
+    return;
+  }
+  restore_range_from(layout, payload, reinterpret_cast<const T*>(payload + layout.values_offset),
+                     scale, begin, end, out);
 }
 
 }  // namespace dropit::torch::detail

@@ -79,25 +79,30 @@ class any_cache {
       const std::span<const T> data(static_cast<const T*>(x.data_ptr()),
                                     static_cast<std::size_t>(x.numel()));
       const host_executor exec = torch_host_executor();
+      auto with_codec = [&](const auto& selection) {
+        using P = std::decay_t<decltype(selection)>;
+        switch (p.codec) {
+          case value_codec::int8:
+            emplace<T, P, codec::int8>(exec, data, selection);
+            break;
+          case value_codec::fp8_e4m3:
+            emplace<T, P, codec::fp8_e4m3>(exec, data, selection);
+            break;
+          default:
+            emplace<T, P, codec::exact>(exec, data, selection);
+            break;
+        }
+      };
       switch (p.kind) {
-        case policy_kind::mink: {
-          SparseCache<T, MinK<>> c{MinK<>{p.gamma}};
-          c.pack(exec, data);
-          cache_ = std::move(c);
+        case policy_kind::mink:
+          with_codec(MinK<>{p.gamma});
           break;
-        }
-        case policy_kind::random: {
-          SparseCache<T, Random<>> c{Random<>{p.gamma, p.seed}};
-          c.pack(exec, data);
-          cache_ = std::move(c);
+        case policy_kind::random:
+          with_codec(Random<>{p.gamma, p.seed});
           break;
-        }
-        default: {
-          SparseCache<T, Identity> c;
-          c.pack(exec, data);
-          cache_ = std::move(c);
+        default:
+          with_codec(Identity{});
           break;
-        }
       }
     });
   }
@@ -190,17 +195,39 @@ class any_cache {
   }
 
  private:
-  std::variant<std::monostate, SparseCache<float, Identity>, SparseCache<float, MinK<>>,
-               SparseCache<float, Random<>>, SparseCache<double, Identity>,
-               SparseCache<double, MinK<>>, SparseCache<double, Random<>>
+  /// Packs into a new cache of this element type, policy and codec, then holds it.
+  template <class T, class P, class C>
+  void emplace(const host_executor& exec, std::span<const T> data, const P& selection) {
+    SparseCache<T, P, C> c{selection};
+    c.pack(exec, data);
+    cache_ = std::move(c);
+  }
+
+  /// Type lists as variants, joined.
+  template <class... Vs>
+  struct join;
+  template <class... A>
+  struct join<std::variant<A...>> {
+    using type = std::variant<A...>;
+  };
+  template <class... A, class... B, class... Rest>
+  struct join<std::variant<A...>, std::variant<B...>, Rest...> {
+    using type = typename join<std::variant<A..., B...>, Rest...>::type;
+  };
+  /// Every SparseCache of an element type and policy, over the three codecs.
+  template <class T, class P>
+  using codecs = std::variant<SparseCache<T, P, codec::exact>, SparseCache<T, P, codec::int8>,
+                              SparseCache<T, P, codec::fp8_e4m3>>;
+  /// ... and over the three policies.
+  template <class T>
+  using policies = typename join<codecs<T, Identity>, codecs<T, MinK<>>, codecs<T, Random<>>>::type;
+
+  typename join<std::variant<std::monostate>, policies<float>, policies<double>
 #if DROPIT_HAS_HALF
-               ,
-               SparseCache<__half, Identity>, SparseCache<__half, MinK<>>,
-               SparseCache<__half, Random<>>, SparseCache<__nv_bfloat16, Identity>,
-               SparseCache<__nv_bfloat16, MinK<>>, SparseCache<__nv_bfloat16, Random<>>
+                ,
+                policies<__half>, policies<__nv_bfloat16>
 #endif
-               >
-      cache_;
+                >::type cache_;
 };
 
 /// Owner of something a saved tensor's storage points into; deleted with the storage.
