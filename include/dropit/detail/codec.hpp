@@ -130,6 +130,28 @@ DROPIT_HD inline int round_even(float q) noexcept {
 #endif
 }
 
+/// The int8 code of v given the chunk's inverse scale: round(v * inv) to nearest even, clamped to
+/// +-127 (the product may pass 127 by its rounding); the NaN code when v is not finite.
+DROPIT_HD inline std::uint8_t int8_code(float v, float inv) noexcept {
+  if (!finite_float(v)) return static_cast<std::uint8_t>(int8_nan_code);
+  int r = round_even(mul_rn(v, inv));
+  r = r > 127 ? 127 : (r < -127 ? -127 : r);
+  return static_cast<std::uint8_t>(static_cast<std::int8_t>(r));
+}
+
+/// A chunk's scale and inverse scale.
+struct chunk_scale {
+  float scale;
+  float inv;
+};
+
+/// The scale (a / range) and inverse scale (range / a) of a chunk whose largest finite |v| is a;
+/// both 0 below `codec_min_absmax`.
+DROPIT_HD inline chunk_scale scale_of(float a, float range) noexcept {
+  if (!(a >= codec_min_absmax)) return {0.0f, 0.0f};
+  return {div_rn(a, range), div_rn(range, a)};
+}
+
 /// The stochastic draw of value index i: 24 random bits as a fraction in [0, 1).
 DROPIT_HD inline double codec_draw(std::uint64_t salt, std::size_t i) noexcept {
   return static_cast<double>(mix64(salt + static_cast<std::uint64_t>(i) * random_golden) >> 40) *
@@ -175,29 +197,20 @@ DROPIT_HD void encode_chunk(const T* values, std::size_t k, std::size_t c, const
     const float m = v < 0.0f ? -v : v;
     if (finite_float(v) && m > a) a = m;
   }
-  const float range = codec_range(p.kind);
-  const bool zero = !(a >= codec_min_absmax);
-  scales[c] = zero ? 0.0f : div_rn(a, range);
-  const float inv = zero ? 0.0f : div_rn(range, a);
+  const chunk_scale cs = scale_of(a, codec_range(p.kind));
+  scales[c] = cs.scale;
   for (std::size_t i = begin; i < end; ++i) {
     const float v = static_cast<float>(values[i]);
-    std::uint8_t code;
-    if (!finite_float(v)) {  // e4m3: the NaN code with v's sign
-      code =
-          p.kind == value_codec::int8 ? static_cast<std::uint8_t>(int8_nan_code) : e4m3_encode(v);
+    if (p.kind == value_codec::fp8_e4m3) {
+      codes[i] = e4m3_encode(finite_float(v) ? mul_rn(v, cs.inv) : v);  // NaN code, v's sign
+    } else if (!p.stochastic || !finite_float(v)) {
+      codes[i] = int8_code(v, cs.inv);
     } else {
-      const float q = mul_rn(v, inv);
-      if (p.kind == value_codec::int8) {
-        int r = p.stochastic
-                    ? static_cast<int>(std::floor(static_cast<double>(q) + codec_draw(p.salt, i)))
-                    : round_even(q);
-        r = r > 127 ? 127 : (r < -127 ? -127 : r);  // q may pass +-127 by its rounding
-        code = static_cast<std::uint8_t>(static_cast<std::int8_t>(r));
-      } else {
-        code = e4m3_encode(q);
-      }
+      const double up = static_cast<double>(mul_rn(v, cs.inv)) + codec_draw(p.salt, i);
+      int r = static_cast<int>(std::floor(up));
+      r = r > 127 ? 127 : (r < -127 ? -127 : r);  // the product may pass +-127 by its rounding
+      codes[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(r));
     }
-    codes[i] = code;
   }
 }
 

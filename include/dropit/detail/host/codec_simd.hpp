@@ -17,6 +17,26 @@
 
 namespace dropit::detail {
 
+/// The largest magnitude bits among the finite values[i, end) and `bits` (finite non-negative
+/// floats order like their bits).
+[[nodiscard]] inline std::uint32_t absmax_tail(const float* values, std::size_t i, std::size_t end,
+                                               std::uint32_t bits) noexcept {
+  for (; i < end; ++i) {
+    const std::uint32_t m = float_to_bits(values[i]) & 0x7fffffffu;
+    if (m < 0x7f800000u && m > bits) bits = m;
+  }
+  return bits;
+}
+
+/// The largest of an array of lanes.
+template <std::size_t N>
+[[nodiscard]] inline std::uint32_t max_of(const std::uint32_t (&lanes)[N]) noexcept {
+  std::uint32_t m = 0;
+  for (std::uint32_t l : lanes)
+    m = l > m ? l : m;
+  return m;
+}
+
 #if DROPIT_HOST_X86
 
 DROPIT_AVX512_WARNINGS_OFF
@@ -35,16 +55,9 @@ DROPIT_TARGET_AVX512 inline float encode_int8_avx512(const float* values, std::s
   }
   alignas(64) std::uint32_t lanes[16];
   _mm512_store_si512(lanes, best);
-  std::uint32_t a_bits = 0;
-  for (std::uint32_t l : lanes)
-    a_bits = l > a_bits ? l : a_bits;
-  for (std::size_t j = i; j < end; ++j) {
-    const std::uint32_t m = float_to_bits(values[j]) & 0x7fffffffu;
-    if (m < 0x7f800000u && m > a_bits) a_bits = m;
-  }
-  const float a = bits_to_float(a_bits);
-  const bool zero = !(a >= codec_min_absmax);
-  const float inv = zero ? 0.0f : 127.0f / a;
+  const chunk_scale cs =
+      scale_of(bits_to_float(absmax_tail(values, i, end, max_of(lanes))), 127.0f);
+  const float inv = cs.inv;
   const __m512 vinv = _mm512_set1_ps(inv);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
   const __m128i nan_code = _mm_set1_epi8(static_cast<char>(int8_nan_code));
@@ -58,17 +71,9 @@ DROPIT_TARGET_AVX512 inline float encode_int8_avx512(const float* values, std::s
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
                      _mm_mask_blend_epi8(finite, nan_code, c));
   }
-  for (; i < end; ++i) {
-    const float v = values[i];
-    if (!finite_float(v)) {
-      codes[i] = static_cast<std::uint8_t>(int8_nan_code);
-      continue;
-    }
-    int r = _mm_cvtss_si32(_mm_set_ss(v * inv));
-    r = r > 127 ? 127 : (r < -127 ? -127 : r);
-    codes[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(r));
-  }
-  return zero ? 0.0f : a / 127.0f;
+  for (; i < end; ++i)
+    codes[i] = int8_code(values[i], cs.inv);
+  return cs.scale;
 }
 
 /// Decodes int8 codes[begin, end) with scale s into values.
@@ -109,16 +114,9 @@ DROPIT_TARGET_AVX2 inline float encode_int8_avx2(const float* values, std::size_
   }
   alignas(32) std::uint32_t lanes[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), best);
-  std::uint32_t a_bits = 0;
-  for (std::uint32_t l : lanes)
-    a_bits = l > a_bits ? l : a_bits;
-  for (std::size_t j = i; j < end; ++j) {
-    const std::uint32_t m = float_to_bits(values[j]) & 0x7fffffffu;
-    if (m < 0x7f800000u && m > a_bits) a_bits = m;
-  }
-  const float a = bits_to_float(a_bits);
-  const bool zero = !(a >= codec_min_absmax);
-  const float inv = zero ? 0.0f : 127.0f / a;
+  const chunk_scale cs =
+      scale_of(bits_to_float(absmax_tail(values, i, end, max_of(lanes))), 127.0f);
+  const float inv = cs.inv;
   const __m256 vinv = _mm256_set1_ps(inv);
   const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
   const __m256i nan_code = _mm256_set1_epi32(int8_nan_code);
@@ -133,17 +131,9 @@ DROPIT_TARGET_AVX2 inline float encode_int8_avx2(const float* values, std::size_
     const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm_packs_epi16(w, w));
   }
-  for (; i < end; ++i) {
-    const float v = values[i];
-    if (!finite_float(v)) {
-      codes[i] = static_cast<std::uint8_t>(int8_nan_code);
-      continue;
-    }
-    int r = _mm_cvtss_si32(_mm_set_ss(v * inv));
-    r = r > 127 ? 127 : (r < -127 ? -127 : r);
-    codes[i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(r));
-  }
-  return zero ? 0.0f : a / 127.0f;
+  for (; i < end; ++i)
+    codes[i] = int8_code(values[i], cs.inv);
+  return cs.scale;
 }
 
 /// decode_int8_avx512 with AVX2.
