@@ -258,6 +258,39 @@ void bench_restore_no_stream(benchmark::State& state, P policy) {
   finish(state, n, sizeof(T), static_cast<double>(layout.total_bytes));
 }
 
+/// Pack and restore with the bitmask where the smallest layout is Elias-Fano's (gamma 0.9): what
+/// the position code costs, measured next to `pack/` and `restore/` in the same run.
+template <class T, class P>
+void bench_bitmask(benchmark::State& state, P policy, bool restore) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto& x = input<T>(n);
+  const auto exec = executor();
+  const auto layout = dropit::make_layout(n, policy.kept(n), sizeof(T), dropit::value_codec::exact,
+                                          dropit::position_choice::no_elias_fano);
+  auto pack = [&] {
+    return dropit::detail::host_pack(policy, x.data(), layout, exec.thread_count(n),
+                                     exec.memory_resource());
+  };
+  auto out = output<T>(restore ? n : 0);
+  {
+    auto warm = pack();
+    auto warm2 = pack();
+    if (restore) dropit::detail::host_restore(warm, layout, out.data(), 1.0, exec.thread_count(n));
+  }
+  const auto p = pack();
+  for (auto _ : state) {
+    if (restore) {
+      dropit::detail::host_restore(p, layout, out.data(), 1.0, exec.thread_count(n));
+      benchmark::DoNotOptimize(out.data());
+      benchmark::ClobberMemory();
+    } else {
+      auto q = pack();
+      benchmark::DoNotOptimize(q.data());
+    }
+  }
+  finish(state, n, sizeof(T), static_cast<double>(layout.total_bytes));
+}
+
 /// Pack / restore on exactly t threads, below and above the executor's parallel threshold.
 /// `idle_us` > 0: the threads idle that long before each (timed) call, as between the layers of
 /// a training step, so that pool workers have gone to sleep.
@@ -499,6 +532,10 @@ void register_size(const std::string& type, std::int64_t n) {
       [](benchmark::State& st) { bench_pack<T>(st, dropit::MinK<0.9>{}, false); });
   add("pack_two_pass/MinK/0.9/" + type,
       [](benchmark::State& st) { bench_pack_two_pass<T>(st, dropit::MinK<0.9>{}); });
+  add("pack_bitmask/MinK/0.9/" + type,
+      [](benchmark::State& st) { bench_bitmask<T>(st, dropit::MinK<0.9>{}, false); });
+  add("restore_bitmask/MinK/0.9/" + type,
+      [](benchmark::State& st) { bench_bitmask<T>(st, dropit::MinK<0.9>{}, true); });
   add("restore_no_stream/MinK/0.9/" + type,
       [](benchmark::State& st) { bench_restore_no_stream<T>(st, dropit::MinK<0.9>{}); });
 }

@@ -240,9 +240,10 @@ TEST_CASE("bytes per element with a value codec (n = 2^24)") {
   // Identity + int8: dense quantized storage, 4x smaller than fp32 (issue target <= 1.02).
   CHECK(per(0.0, value_codec::int8) <= 1.02);
   CHECK(per(0.0, value_codec::int8) == doctest::Approx(1.0 + 4.0 / 1024).epsilon(1e-4));
-  // MinK 0.9: 0.1 values + 0.0004 scales + the bitmask's 0.125 + 0.004 offsets.
+  // MinK 0.9: 0.1 values + 0.0004 scales + Elias-Fano's 3 low bits, 1 + 1/8 high bits per kept
+  // (0.0656) + 0.0005 offsets.
   CHECK(per(0.9, value_codec::int8) ==
-        doctest::Approx(0.1 + 0.1 * 4 / 1024 + 0.125 + 4.0 / 1024).epsilon(1e-3));
+        doctest::Approx(0.1 + 0.1 * 4 / 1024 + (0.1 * 4 + 1.0 / 8) / 8 + 4.0 / 8192).epsilon(1e-3));
   CHECK(per(0.9, value_codec::fp8_e4m3) == per(0.9, value_codec::int8));
 }
 

@@ -204,29 +204,37 @@ TEST_CASE_TEMPLATE("every way the device selection resolves gives the host's byt
   CHECK(paths[path_fallback] > 0);
 }
 
-TEST_CASE_TEMPLATE("a device pack is at most 8 launches, at most 4 of which work on a hit" *
-                       DROPIT_DEVICE,
-                   C, DROPIT_DEVICE_CASES) {
+TEST_CASE_TEMPLATE(
+    "a device pack is at most 8 launches: at most 4 selection steps work on a hit, "
+    "then the Elias-Fano encode where the payload has one" *
+        DROPIT_DEVICE,
+    C, DROPIT_DEVICE_CASES) {
   using T = typename C::type;
   using namespace dropit::detail;
   using namespace dropit::detail::dev;
   INFO(C::name());
   test_stream stream;
   const auto exec = C::exec(stream.get());
-  // sample, count, one radix pass per 11-bit digit of the key (they return at once on a hit),
-  // resolve, compact: whatever the data, the host enqueues the same launches.
-  auto expected = [](const auto& policy) {
-    using K = dropit::detail::key_type_t<std::decay_t<decltype(policy)>, T>;
-    return 4 + static_cast<unsigned>(radix_passes<K>);
-  };
   const std::size_t n = selection_n;
+  // sample, count, one radix pass per 11-bit digit of the key (they return at once on a hit),
+  // resolve, compact: whatever the data, the host enqueues the same launches; then one more that
+  // codes the positions where the layout is Elias-Fano (gamma 0.9 and 0.99 here, not 0.5).
+  auto expected = [&](const auto& policy) {
+    using K = dropit::detail::key_type_t<std::decay_t<decltype(policy)>, T>;
+    const bool ef = dropit::make_layout(n, policy.kept(n), sizeof(T)).positions ==
+                    dropit::position_encoding::elias_fano;
+    return 4 + static_cast<unsigned>(radix_passes<K>) + (ef ? 1u : 0u);
+  };
   const auto x = normal_values<T>(n, 21);
   auto check = [&](const auto& policy, double g) {
     const auto o = tuned_pack<T>(policy, x, exec, {});
     CHECK(o.launches == expected(policy));
     // fp16 and bf16 keys have 2 digits, fp32 and Random's keys 3 (fp64's 64-bit keys 6: MinK on
-    // fp64 takes 10 launches)
-    if (expected(policy) <= 7) CHECK(o.launches <= 8);
+    // fp64 takes 10 launches, 11 with Elias-Fano positions)
+    if (expected(policy) <= 8) CHECK(o.launches <= 8);
+    CHECK((g > 0.6) ==
+          (expected(policy) ==
+           5 + static_cast<unsigned>(radix_passes<key_type_t<std::decay_t<decltype(policy)>, T>>)));
     if (o.path == path_candidates) {
       CHECK(o.worked == (step_sample | step_count | step_resolve | step_compact));
     } else {

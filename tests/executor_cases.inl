@@ -12,11 +12,13 @@
 #include <doctest/doctest.h>
 
 #include <cstddef>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if !defined(DROPIT_EXECUTOR_CASES) || !defined(DROPIT_EXECUTOR_DECORATOR)
@@ -241,6 +243,81 @@ TEST_CASE_TEMPLATE(
     for (std::size_t i : kept)
       CHECK(to_double(got[i]) == to_double(dropit::detail::scaled(x[i], scale)));
   }
+}
+
+TEST_CASE_TEMPLATE(
+    "Elias-Fano positions equal the oracle's code bit for bit, blocks with nothing kept "
+    "included" DROPIT_EXECUTOR_DECORATOR,
+    C, DROPIT_EXECUTOR_CASES) {
+  using namespace dropit_test;
+  using namespace dropit_test::executor_cases;
+  using T = typename C::type;
+  INFO(C::name());
+  typename C::session s;
+  // Normal data (every block holds kept elements) and clusters: a few windows of large values in
+  // zeros, so that most blocks keep nothing and a block's last words hold a later block's bits.
+  std::vector<std::pair<std::string, std::vector<T>>> inputs;
+  for (std::size_t n : {std::size_t{8192 * 3 + 5}, std::size_t{100003}, large})
+    inputs.emplace_back("normal " + std::to_string(n), normal_values<T>(n, 77 + n));
+  for (std::size_t n : {std::size_t{60001}, large}) {
+    std::vector<T> x(n, from_double<T>(0.0));
+    for (std::size_t w : {std::size_t{0}, n / 3, n / 3 + 8192, n - 40})
+      for (std::size_t i = w; i < std::min(n, w + 40); ++i)
+        x[i] = from_double<T>(1.0 + static_cast<double>(i % 37));
+    inputs.emplace_back("clusters " + std::to_string(n), std::move(x));
+  }
+  int coded = 0;
+  for (const auto& [name, x] : inputs) {
+    typename C::template buffer<T> dx(x);
+    for (double g : {0.75, 0.9, 0.99, 0.999, 0.9995}) {
+      CAPTURE(name);
+      CAPTURE(g);
+      const std::size_t n = x.size();
+      const std::size_t k = expected_k(n, g);
+      dropit::SparseCache<T, dropit::MinK<>> cache{dropit::MinK<>{g}};
+      cache.pack(s.exec(), dx.cspan());
+      const auto& l = cache.layout();
+      const auto kept = oracle_mink<T>(x, k);
+      CHECK(cache.bytes() == described_bytes(n, k, sizeof(T)));
+      if (l.positions != dropit::position_encoding::elias_fano) {
+        CHECK(l.positions == dropit::position_encoding::index32);  // a few kept in many blocks
+        continue;
+      }
+      ++coded;
+      const ef_oracle_code code = elias_fano_oracle(n, kept);
+      CHECK(l.low_bits == code.l);
+      const auto bytes = s.bytes(cache.payload());
+      auto word_at = [&](std::size_t at) {
+        std::uint64_t w;
+        std::memcpy(&w, bytes.data() + at, 8);
+        return w;
+      };
+      CHECK(l.positions_bytes == (code.low.size() + code.high.size()) * 8);
+      CHECK(l.high_offset == l.positions_offset + code.low.size() * 8);
+      for (std::size_t w = 0; w < code.low.size(); ++w)
+        CHECK(word_at(l.positions_offset + 8 * w) == code.low[w]);
+      for (std::size_t w = 0; w < code.high.size(); ++w)
+        CHECK(word_at(l.high_offset + 8 * w) == code.high[w]);
+      for (std::size_t b = 0; b < code.block_counts.size(); ++b) {
+        std::uint32_t count;
+        std::memcpy(&count, bytes.data() + l.block_offsets_offset + 4 * b, 4);
+        CHECK(count == code.block_counts[b]);
+      }
+      typename C::template buffer<T> out(std::vector<T>(n, from_double<T>(-5.0)));
+      cache.restore(s.exec(), out.span());
+      CHECK(same_bits<T>(s.to_host(out), dense_from<T>(x, kept)));
+      // Without Elias-Fano: the bitmask (or index list), more bytes, the same tensor.
+      dropit::SparseCache<T, dropit::MinK<>> plain{
+          dropit::MinK<>{g}, {}, dropit::position_choice::no_elias_fano};
+      plain.pack(s.exec(), dx.cspan());
+      CHECK(plain.layout().positions != dropit::position_encoding::elias_fano);
+      CHECK(plain.bytes() > cache.bytes());
+      typename C::template buffer<T> out2(std::vector<T>(n, from_double<T>(-5.0)));
+      plain.restore(s.exec(), out2.span());
+      CHECK(same_bits<T>(s.to_host(out2), dense_from<T>(x, kept)));
+    }
+  }
+  CHECK(coded >= 20);  // of 25 packs: the code is what these cases test
 }
 
 TEST_CASE_TEMPLATE(

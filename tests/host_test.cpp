@@ -51,6 +51,22 @@ std::vector<std::byte> expected_payload(std::span<const T> x,
       }
       break;
     }
+    case dropit::position_encoding::elias_fano: {
+      const ef_oracle_code c = elias_fano_oracle(n, kept);
+      CHECK(l.low_bits == c.l);
+      for (std::size_t w = 0; w < c.low.size(); ++w)
+        put(l.positions_offset + 8 * w, c.low[w]);
+      for (std::size_t w = 0; w < c.high.size(); ++w)
+        put(l.high_offset + 8 * w, c.high[w]);
+      for (std::size_t blk = 0; blk < c.block_counts.size(); ++blk) {
+        if (l.wide()) {
+          put(l.block_offsets_offset + 8 * blk, static_cast<std::uint64_t>(c.block_counts[blk]));
+        } else {
+          put(l.block_offsets_offset + 4 * blk, static_cast<std::uint32_t>(c.block_counts[blk]));
+        }
+      }
+      break;
+    }
     case dropit::position_encoding::index32:
       for (std::size_t j = 0; j < kept.size(); ++j)
         put(l.positions_offset + 4 * j, static_cast<std::uint32_t>(kept[j]));
@@ -105,7 +121,8 @@ TEST_CASE_TEMPLATE("host selection: the sampled guess hits on normal data, every
                    DROPIT_TEST_TYPES) {
   for (std::size_t n : {std::size_t{5000}, std::size_t{40000}, (std::size_t{1} << 18) + 3}) {
     const auto x = normal_values<T>(n, 11 + n);
-    for (double g : {0.5, 0.9, 0.99}) {
+    // bitmask, Elias-Fano, Elias-Fano, index list
+    for (double g : {0.5, 0.9, 0.99, 0.9999}) {
       for (unsigned threads : {1u, 2u}) {
         CAPTURE(n);
         CAPTURE(g);
@@ -209,10 +226,17 @@ TEST_CASE_TEMPLATE("host selection: heavy ties at the threshold, all-equal, NaN 
 
 /// Hands out its first allocation, then fails every later one: the payload is served, the
 /// count pass's stage is not.
+/// Supplies the first `supplied` allocations (the payload, and the bitmask an Elias-Fano code is
+/// made from), then fails.
 class first_only_resource : public std::pmr::memory_resource {
+ public:
+  explicit first_only_resource(int supplied) : supplied_(supplied) {}
+
+ private:
+  int supplied_;
   int calls_ = 0;
   void* do_allocate(std::size_t bytes, std::size_t align) override {
-    if (calls_++ > 0) throw std::bad_alloc();
+    if (calls_++ >= supplied_) throw std::bad_alloc();
     return std::pmr::new_delete_resource()->allocate(bytes, align);
   }
   void do_deallocate(void* p, std::size_t bytes, std::size_t align) override {
@@ -271,15 +295,17 @@ TEST_CASE_TEMPLATE("host selection: the count pass stages the kept values, every
       const auto [tb, tr] = tuned_pack<T>(dropit::MinK<0.9>{}, std::span<const T>(ties), threads,
                                           {.margin = 8.0, .staging = staging_mode::always});
       CHECK(tb == expected_payload<T>(ties, oracle_mink<T>(ties, k)));
-      // The index list (gamma = 0.99) has no stage: its compact step reads only kept elements.
-      CHECK(run(dropit::MinK<>{0.99}, {.staging = staging_mode::always}).staged_blocks == 0);
+      // The index list (gamma = 0.9999) has no stage: its compact step reads only kept elements.
+      CHECK(dropit::make_layout(n, dropit::MinK<>{0.9999}.kept(n), sizeof(T)).positions ==
+            dropit::position_encoding::index32);
+      CHECK(run(dropit::MinK<>{0.9999}, {.staging = staging_mode::always}).staged_blocks == 0);
     }
   }
   // A memory resource that cannot supply the stage: the pack is complete, only unstaged.
   const auto x = normal_values<T>(50000, 12);
   const dropit::MinK<0.9> policy;
   const auto layout = dropit::make_layout(x.size(), policy.kept(x.size()), sizeof(T));
-  first_only_resource mr;
+  first_only_resource mr(layout.positions == dropit::position_encoding::elias_fano ? 2 : 1);
   host_select_report report;
   const auto p = dropit::detail::host_pack(policy, x.data(), layout, 2, &mr,
                                            {.staging = staging_mode::always}, &report);
@@ -335,8 +361,10 @@ TEST_CASE_TEMPLATE("host selection: the shared steps that work and the passes ov
     // Unstaged, the compact step reads x again.
     const auto unstaged = run(0.9, {.staging = staging_mode::never});
     CHECK(unstaged.x_passes == 2);
-    // The index list (gamma 0.99) compacts from the collected entries: one pass.
-    const auto listed = run(0.99, {});
+    // The index list (gamma 0.9999) compacts from the collected entries: one pass.
+    CHECK(dropit::make_layout(n, dropit::MinK<>{0.9999}.kept(n), sizeof(T)).positions ==
+          dropit::position_encoding::index32);
+    const auto listed = run(0.9999, {});
     if (listed.path == path_candidates) CHECK(listed.x_passes == 1);
     // The fallback: count, one pass per digit, the per-block tie count, compact.
     const auto forced = run(0.9, {.force_fallback = true});

@@ -158,6 +158,15 @@ inline std::size_t ceil_div(std::size_t a, std::size_t b) {
 /// The payload size the format description (README, format.hpp) gives, computed from scratch:
 /// values, then bitmask + block offsets or an index list (whichever is smaller), each section
 /// starting on a 16-byte boundary; nothing but values when k = 0 or k = n.
+/// Elias-Fano's low bits as format.hpp describes them: the largest L <= 13 with k 2^L <= n.
+inline unsigned ef_low_bits_oracle(std::size_t n, std::size_t k) {
+  unsigned l = 0;
+  while (l < 13 && static_cast<double>(k) * std::ldexp(1.0, static_cast<int>(l) + 1) <=
+                       static_cast<double>(n))
+    ++l;
+  return l;
+}
+
 inline std::size_t described_bytes(std::size_t n, std::size_t k, std::size_t vsize) {
   auto up16 = [](std::size_t b) { return (b + 15) / 16 * 16; };
   const std::size_t values = k * vsize;
@@ -165,8 +174,45 @@ inline std::size_t described_bytes(std::size_t n, std::size_t k, std::size_t vsi
   const std::size_t isize = n >= (std::size_t{1} << 32) ? 8 : 4;
   const std::size_t mask = ceil_div(n, 32) * 4 + ceil_div(n, 1024) * isize;
   const std::size_t list = k * isize;
-  if (mask <= list) return up16(up16(values) + ceil_div(n, 32) * 4) + ceil_div(n, 1024) * isize;
+  const unsigned l = ef_low_bits_oracle(n, k);
+  const std::size_t ef_code = (ceil_div(k * l, 64) + ceil_div(((n - 1) >> l) + k, 64)) * 8;
+  const std::size_t ef = up16(up16(values) + ef_code) + ceil_div(n, 8192) * isize;
+  const std::size_t mask_total =
+      up16(up16(values) + ceil_div(n, 32) * 4) + ceil_div(n, 1024) * isize;
+  if (ef < mask_total && ef < up16(values) + list) return ef;
+  if (mask <= list) return mask_total;
   return up16(values) + list;
+}
+
+/// The Elias-Fano code of ascending kept indices, bit by bit as format.hpp describes it: low
+/// array, high array (64-bit words) and the kept count before each block of 8192 elements.
+struct ef_oracle_code {
+  unsigned l = 0;
+  std::vector<std::uint64_t> low, high;
+  std::vector<std::size_t> block_counts;
+};
+inline ef_oracle_code elias_fano_oracle(std::size_t n, const std::vector<std::size_t>& kept) {
+  ef_oracle_code c;
+  const std::size_t k = kept.size();
+  c.l = ef_low_bits_oracle(n, k);
+  std::vector<bool> low(k * c.l), high(((n - 1) >> c.l) + k);
+  for (std::size_t j = 0; j < k; ++j) {
+    for (unsigned b = 0; b < c.l; ++b)
+      low[j * c.l + b] = (kept[j] >> b & 1u) != 0;
+    high.at((kept[j] >> c.l) + j) = true;
+  }
+  auto words = [](const std::vector<bool>& bits) {
+    std::vector<std::uint64_t> w(ceil_div(bits.size(), 64), 0);
+    for (std::size_t i = 0; i < bits.size(); ++i)
+      if (bits[i]) w[i / 64] |= std::uint64_t{1} << (i % 64);
+    return w;
+  };
+  c.low = words(low);
+  c.high = words(high);
+  for (std::size_t b = 0; b < ceil_div(n, 8192); ++b)
+    c.block_counts.push_back(static_cast<std::size_t>(
+        std::lower_bound(kept.begin(), kept.end(), b * 8192) - kept.begin()));
+  return c;
 }
 
 }  // namespace dropit_test

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -322,21 +323,29 @@ TEST_CASE("torch: gradients computed in pieces equal the gradients computed whol
 }
 
 TEST_CASE("torch: a range restore equals the slice of a whole restore, for every encoding") {
-  // gamma 0.5: bitmask; 0.99: index list; 0 and 1: no positions (dense copy, nothing kept); each
-  // with exact, int8 and e4m3 values (a coded range decodes only the chunks it needs).
+  // gamma 0.5: bitmask; 0.9 and 0.99: Elias-Fano; 0.9999: index list; 0 and 1: no positions
+  // (dense copy, nothing kept); each with exact, int8 and e4m3 values (a coded range decodes only
+  // the chunks it needs).
+  using dropit::position_encoding;
+  const std::map<double, position_encoding> encodings = {
+      {0.0, position_encoding::none},       {0.5, position_encoding::bitmask},
+      {0.9, position_encoding::elias_fano}, {0.99, position_encoding::elias_fano},
+      {0.9999, position_encoding::index32}, {1.0, position_encoding::none}};
   for (auto codec :
        {dropit::value_codec::exact, dropit::value_codec::int8, dropit::value_codec::fp8_e4m3})
-    for (double gamma : {0.0, 0.5, 0.99, 1.0}) {
+    for (const auto& [gamma, encoding] : encodings) {
       CAPTURE(gamma);
       CAPTURE(dt::to_string(codec));
+      CHECK(dropit::make_layout(70001, dropit::MinK<>{gamma}.kept(70001), 4, codec).positions ==
+            encoding);
       auto x = tie_free({70001}, torch::kFloat, 31);
       auto policy = make_policy(dt::policy_kind::mink, gamma);
       policy.codec = codec;
       auto saved = dt::detail::save_packed(x, policy);
       const auto whole = dt::detail::restore_packed(saved, x.sizes());
       const std::vector<std::pair<std::int64_t, std::int64_t>> ranges = {
-          {0, 70001},   {0, 1},       {5, 37},        {31, 33},
-          {1000, 3071}, {1024, 2048}, {69999, 70001}, {33, 33}};
+          {0, 70001},   {0, 1},         {5, 37},  {31, 33},     {1000, 3071},
+          {1024, 2048}, {69999, 70001}, {33, 33}, {8191, 8193}, {16000, 40000}};
       for (auto [b, e] : ranges) {
         CAPTURE(b);
         CAPTURE(e);

@@ -68,10 +68,12 @@ class SparseCache {
       std::is_nothrow_default_constructible_v<Policy>) requires std::default_initializable<Policy>
   = default;
 
-  /// @brief An empty cache with the given policy (`SparseCache<float, MinK<>> c{MinK<>{0.9}}`)
-  /// and codec (`c{MinK<>{0.9}, codec::int8{.stochastic = true, .seed = step}}`).
-  explicit SparseCache(const Policy& policy, const Codec& codec = {}) noexcept
-      : policy_(policy), codec_(codec) {}
+  /// @brief An empty cache with the given policy (`SparseCache<float, MinK<>> c{MinK<>{0.9}}`),
+  /// codec (`c{MinK<>{0.9}, codec::int8{.stochastic = true, .seed = step}}`) and choice of
+  /// position encodings (`position_choice::no_elias_fano`: a faster pack and restore, more bytes).
+  explicit SparseCache(const Policy& policy, const Codec& codec = {},
+                       position_choice positions = position_choice::smallest) noexcept
+      : policy_(policy), codec_(codec), positions_(positions) {}
 
   SparseCache(const SparseCache&) = delete;
   SparseCache& operator=(const SparseCache&) = delete;
@@ -134,6 +136,11 @@ class SparseCache {
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
   /// @copydoc policy() const
   [[nodiscard]] Policy& policy() noexcept { return policy_; }
+  /// @brief Which position encodings a pack chooses from (format.hpp); a change applies from the
+  /// next pack.
+  [[nodiscard]] position_choice positions() const noexcept { return positions_; }
+  /// @copydoc positions() const
+  [[nodiscard]] position_choice& positions() noexcept { return positions_; }
   /// @brief The codec; changes to it (int8's stochastic seed) apply from the next pack.
   [[nodiscard]] const Codec& codec() const noexcept { return codec_; }
   /// @copydoc codec() const
@@ -142,6 +149,7 @@ class SparseCache {
  private:
   Policy policy_{};
   Codec codec_{};
+  position_choice positions_ = position_choice::smallest;
   detail::payload payload_;
   packed_layout layout_{};
   double scale_ = 1.0;

@@ -103,4 +103,13 @@ DROPIT_HD inline int lowest_bit32(std::uint32_t w) noexcept {
 #endif
 }
 
+/// Index of the lowest set bit of a non-zero 64-bit word.
+DROPIT_HD inline int lowest_bit64(std::uint64_t w) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __ffsll(static_cast<long long>(w)) - 1;
+#else
+  return std::countr_zero(w);
+#endif
+}
+
 }  // namespace dropit::detail

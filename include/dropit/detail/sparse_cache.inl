@@ -10,6 +10,7 @@ requires policy_for<Policy, T> SparseCache<T, Policy, Codec>::SparseCache(Sparse
 noexcept
     : policy_(other.policy_),
       codec_(other.codec_),
+      positions_(other.positions_),
       payload_(std::move(other.payload_)),
       layout_(std::exchange(other.layout_, packed_layout{})),
       scale_(std::exchange(other.scale_, 1.0)),
@@ -22,6 +23,7 @@ requires policy_for<Policy, T> SparseCache<T, Policy, Codec>
   if (this != &other) {
     policy_ = other.policy_;
     codec_ = other.codec_;
+    positions_ = other.positions_;
     payload_ = std::move(other.payload_);
     layout_ = std::exchange(other.layout_, packed_layout{});
     scale_ = std::exchange(other.scale_, 1.0);
@@ -49,7 +51,7 @@ void SparseCache<T, Policy, Codec>::pack(const Exec& exec, std::span<const T> x)
                  " elements");
   const std::size_t k = static_cast<std::size_t>(policy_.kept(n));
   DROPIT_EXPECTS(k <= n, "pack: the policy keeps ", k, " of ", n, " elements");
-  const packed_layout layout = make_layout(n, k, sizeof(T), Codec::kind);
+  const packed_layout layout = make_layout(n, k, sizeof(T), Codec::kind, positions_);
   double scale = 1.0;
   if constexpr (has_restore_scale<Policy>) scale = static_cast<double>(policy_.restore_scale(n, k));
 

@@ -9,6 +9,7 @@
 #include <dropit/detail/cuda/portable.hpp>
 #include <dropit/detail/cuda/runtime.hpp>
 #include <dropit/detail/cuda/selection.hpp>
+#include <dropit/detail/elias_fano.hpp>
 #include <dropit/detail/selection.hpp>
 #include <dropit/detail/steps.hpp>
 
@@ -72,7 +73,9 @@ struct device_steps {
   const T* x;
   const packed_layout& l;
   std::byte* payload;
-  T* values;  ///< where the compact step writes the kept values
+  T* values;                 ///< where the compact step writes the kept values
+  std::uint32_t* ef_words;   ///< Elias-Fano: where the compact step writes the bitmask, else null
+  std::uint32_t* ef_counts;  ///< Elias-Fano: where it writes the bitmask's block offsets
   const select_plan& plan;
   const pack_temps<Key, T>& t;
   bool force_fallback;
@@ -98,14 +101,45 @@ struct device_steps {
            resolve_fn<Key>{t.ctl, t.cand_key, plan.capacity, t.small});
   }
   void compact() {
-    const bool index_list = l.positions != position_encoding::bitmask;
-    auto* positions = reinterpret_cast<std::uint32_t*>(payload + l.positions_offset);
-    auto* offsets = reinterpret_cast<std::uint32_t*>(payload + l.block_offsets_offset);
+    const bool index_list =
+        l.positions != position_encoding::bitmask && l.positions != position_encoding::elias_fano;
+    const bool ef = l.positions == position_encoding::elias_fano;
+    auto* positions =
+        ef ? ef_words : reinterpret_cast<std::uint32_t*>(payload + l.positions_offset);
+    auto* offsets =
+        ef ? ef_counts : reinterpret_cast<std::uint32_t*>(payload + l.block_offsets_offset);
     launch(pol, l.blocks(),
            compact_fn<P, T, Key>{policy, x, l.n, l.blocks(), t.ctl, t.cells, t.stage, t.stage_at,
                                  t.ge_words, payload, padding_of(l), values,
                                  index_list ? nullptr : positions, index_list ? nullptr : offsets,
                                  index_list ? positions : nullptr});
+  }
+};
+
+/// The body that encodes Elias-Fano block b from a bitmask and its block offsets.
+struct ef_encode_fn {
+  ef_shape s;
+  const std::uint32_t* words;
+  const std::uint32_t* counts;
+  std::uint64_t* low;
+  std::uint64_t* high;
+  std::uint32_t* ef_offsets;
+  DROPIT_HD void operator()(std::size_t b) const {
+    ef_encode_block(s, words, counts, b, low, high, ef_offsets);
+  }
+};
+
+/// The body that decodes Elias-Fano block b into a bitmask and its block offsets.
+struct ef_decode_fn {
+  ef_shape s;
+  const std::uint64_t* low;
+  const std::uint64_t* high;
+  const std::uint32_t* ef_offsets;
+  std::uint32_t* words;
+  std::uint32_t* counts;
+  DROPIT_HD void operator()(std::size_t b) const {
+    ef_decode_block(s, low, high, ef_offsets, b, words + b * ef_block_words,
+                    counts + b * ef_sub_blocks);
   }
 };
 
@@ -124,13 +158,29 @@ void pack_selected(const cuda_executor& e, const P& policy, const T* x, const pa
   const auto t = pack_temps<Key, T>::carve(cut, l.n, l.blocks(), plan);
   lease_allocator alloc(lease);
   auto pol = rt::exec_policy(alloc, stream);
+  // The Elias-Fano code is made from the bitmask and its block offsets, written to the workspace.
+  const bool ef = l.positions == position_encoding::elias_fano;
+  std::byte* ef_buffer =
+      ef ? lease.take(l.words() * sizeof(std::uint32_t) + l.blocks() * sizeof(std::uint32_t))
+         : nullptr;
+  auto* ef_words = reinterpret_cast<std::uint32_t*>(ef_buffer);
+  auto* ef_counts = ef ? ef_words + l.words() : nullptr;
   step_launcher launch{use_fast(e), stream};
-  device_steps<T, P, decltype(pol)> steps{
-      policy, x, l, payload, values, plan, t, tuning.force_fallback, pol, launch};
+  device_steps<T, P, decltype(pol)> steps{policy,   x,         l,    payload, values,
+                                          ef_words, ef_counts, plan, t,       tuning.force_fallback,
+                                          pol,      launch};
   run_selection(steps);
+  if (ef) {
+    launch(pol, l.ef_blocks(),
+           ef_encode_fn{ef_shape::of(l), ef_words, ef_counts,
+                        reinterpret_cast<std::uint64_t*>(payload + l.positions_offset),
+                        reinterpret_cast<std::uint64_t*>(payload + l.high_offset),
+                        reinterpret_cast<std::uint32_t*>(payload + l.block_offsets_offset)});
+  }
   if (tuning.ctl_copy != nullptr)
     rt::memcpy_async(tuning.ctl_copy, t.ctl, sizeof(select_ctl<Key>), stream);
   if (tuning.launches != nullptr) *tuning.launches = launch.count;
+  if (ef_buffer != nullptr) lease.give(ef_buffer);
   lease.give(buffer);
 }
 
@@ -301,6 +351,28 @@ void restore(const cuda_executor& e, const payload& p, const packed_layout& l, T
         auto pol = rt::exec_policy(alloc, stream);
         step_launcher launch{use_fast(e), stream};
         launch(pol, blocks, expand_bitmask_fn<T>{values, positions, offsets, n, out, op});
+        break;
+      }
+      case position_encoding::elias_fano: {
+        // Decoded into a bitmask in the workspace, then expanded as the bitmask encoding.
+        // (words rounded up to an even count: the decoder stores 64 bits at a time)
+        const std::size_t words_even = l.words() + (l.words() & 1);
+        std::byte* buffer =
+            ws.lease().take(words_even * sizeof(std::uint32_t) + blocks * sizeof(std::uint32_t));
+        auto* words = reinterpret_cast<std::uint32_t*>(buffer);
+        auto* counts = words + words_even;
+        lease_allocator alloc(ws.lease());
+        auto pol = rt::exec_policy(alloc, stream);
+        step_launcher launch{use_fast(e), stream};
+        launch(
+            pol, l.ef_blocks(),
+            ef_decode_fn{ef_shape::of(l),
+                         reinterpret_cast<const std::uint64_t*>(p.data() + l.positions_offset),
+                         reinterpret_cast<const std::uint64_t*>(p.data() + l.high_offset),
+                         reinterpret_cast<const std::uint32_t*>(p.data() + l.block_offsets_offset),
+                         words, counts});
+        launch(pol, blocks, expand_bitmask_fn<T>{values, words, counts, n, out, op});
+        ws.lease().give(buffer);
         break;
       }
       case position_encoding::index32: {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <dropit/detail/codec.hpp>
+#include <dropit/detail/elias_fano.hpp>
 #include <dropit/detail/host/classify.hpp>
 #include <dropit/detail/host/codec_simd.hpp>
 #include <dropit/detail/host/compact.hpp>
@@ -59,10 +60,11 @@ template <class P, class T>
 class host_steps : public host_selector<P, T> {
  public:
   /// `values`: where the compact step writes the k kept values (the payload's values section,
-  /// or a buffer a value codec encodes from).
+  /// or a buffer a value codec encodes from); `words` and `offsets`: where it writes the bitmask
+  /// and its block offsets (the payload's, or a buffer the Elias-Fano code is made from).
   host_steps(const P& policy, const T* x, const packed_layout& layout, std::byte* payload,
              T* values, unsigned threads, const host_select_tuning& tuning,
-             std::pmr::memory_resource* mr, std::uint32_t* words)
+             std::pmr::memory_resource* mr, std::uint32_t* words, std::byte* offsets)
       : host_selector<P, T>(policy, x, layout.n, layout.k, threads, tuning, mr, words,
                             words == nullptr),
         policy_(policy),
@@ -71,7 +73,8 @@ class host_steps : public host_selector<P, T> {
         payload_(payload),
         values_(values),
         threads_(threads),
-        words_(words) {}
+        words_(words),
+        offsets_(offsets) {}
 
   /// Step 5: the kept values and their positions.
   void compact() {
@@ -81,13 +84,14 @@ class host_steps : public host_selector<P, T> {
     const host_isa isa = active_host_isa();
     T* values = values_;
     std::byte* positions = payload_ + layout_.positions_offset;
-    std::byte* offsets = payload_ + layout_.block_offsets_offset;
+    std::byte* offsets = offsets_;
     const T* x = x_;
     std::uint32_t* words = words_;
     const packed_layout& l = layout_;
     parallel_for(threads_, l.blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
       switch (l.positions) {
         case position_encoding::bitmask:
+        case position_encoding::elias_fano:
           if (l.wide()) {
             host_compact_bitmask(cls, sel, x, n, b0, b1, words,
                                  reinterpret_cast<std::uint64_t*>(offsets), values, isa);
@@ -118,6 +122,7 @@ class host_steps : public host_selector<P, T> {
   T* values_;
   unsigned threads_;
   std::uint32_t* words_;
+  std::byte* offsets_;
 };
 
 /// k values of T from a memory resource, given back when it goes (a value codec's staging).
@@ -140,6 +145,42 @@ class resource_buffer {
   std::size_t bytes_;
   T* data_;
 };
+
+/// Writes the payload's Elias-Fano code from a bitmask and its running counts per block of 1024,
+/// blocks of `ef_block_elements` in parallel.
+template <class Offset>
+void host_encode_positions(const std::uint32_t* words, const Offset* counts, const packed_layout& l,
+                           std::byte* payload, unsigned threads) {
+  const ef_shape s = ef_shape::of(l);
+  auto* low = reinterpret_cast<std::uint64_t*>(payload + l.positions_offset);
+  auto* high = reinterpret_cast<std::uint64_t*>(payload + l.high_offset);
+  auto* ef_offsets = reinterpret_cast<Offset*>(payload + l.block_offsets_offset);
+  parallel_for(threads, s.blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
+    for (std::size_t b = b0; b < b1; ++b)
+      ef_encode_block(s, words, counts, b, low, high, ef_offsets);
+  });
+}
+
+/// Restores Elias-Fano blocks [b0, b1): each decoded into a bitmask on the stack, then expanded
+/// as the bitmask encoding is.
+template <class T, class Offset>
+void host_expand_elias_fano(const T* values, const std::byte* payload, const packed_layout& l,
+                            std::size_t b0, std::size_t b1, T* out, restore_value<T> op,
+                            host_isa isa, bool stream) {
+  const ef_shape s = ef_shape::of(l);
+  const auto* low = reinterpret_cast<const std::uint64_t*>(payload + l.positions_offset);
+  const auto* high = reinterpret_cast<const std::uint64_t*>(payload + l.high_offset);
+  const auto* ef_offsets = reinterpret_cast<const Offset*>(payload + l.block_offsets_offset);
+  alignas(64) std::uint32_t words[ef_block_words];
+  Offset counts[ef_sub_blocks];
+  for (std::size_t b = b0; b < b1; ++b) {
+    ef_decode_block(s, low, high, ef_offsets, b, words, counts);
+    const std::size_t start = b * ef_block_elements;
+    const std::size_t len = std::min(ef_block_elements, l.n - start);
+    host_expand_bitmask(values, l.k, words, counts, len, 0,
+                        (len + block_elements - 1) / block_elements, out + start, op, isa, stream);
+  }
+}
 
 /// Encodes the k values at `values` into the payload's codes and scales, chunks in parallel.
 template <class T>
@@ -205,11 +246,29 @@ template <class T, class Policy>
   if (coded) values = staged.get();
   // The first fork-join comes after the sample: wake the workers now.
   parallel_prewake(threads);
-  const bool bitmask = layout.positions == position_encoding::bitmask;
-  auto* words =
-      bitmask ? reinterpret_cast<std::uint32_t*>(out.data() + layout.positions_offset) : nullptr;
-  host_steps<Policy, T> steps(policy, x, layout, out.data(), values, threads, tuning, mr, words);
+  // The Elias-Fano code is made from the bitmask and its block offsets, written to a buffer.
+  const bool ef = layout.positions == position_encoding::elias_fano;
+  const bool bitmask = layout.positions == position_encoding::bitmask || ef;
+  const std::size_t offset_size = layout.wide() ? 8 : 4;
+  const std::size_t words_bytes = (layout.words() * 4 + 7) / 8 * 8;
+  resource_buffer<std::byte> ef_buffer(mr, ef ? words_bytes + layout.blocks() * offset_size : 0);
+  auto* words = ef        ? reinterpret_cast<std::uint32_t*>(ef_buffer.get())
+                : bitmask ? reinterpret_cast<std::uint32_t*>(out.data() + layout.positions_offset)
+                          : nullptr;
+  std::byte* offsets =
+      ef ? ef_buffer.get() + words_bytes : out.data() + layout.block_offsets_offset;
+  host_steps<Policy, T> steps(policy, x, layout, out.data(), values, threads, tuning, mr, words,
+                              offsets);
   run_selection(steps);
+  if (ef) {
+    if (layout.wide()) {
+      host_encode_positions(words, reinterpret_cast<const std::uint64_t*>(offsets), layout,
+                            out.data(), threads);
+    } else {
+      host_encode_positions(words, reinterpret_cast<const std::uint32_t*>(offsets), layout,
+                            out.data(), threads);
+    }
+  }
   if (coded) host_encode(values, layout, out.data(), codec, threads);
   if (report != nullptr) *report = steps.report();
   return out;
@@ -245,6 +304,18 @@ void host_restore(const payload& payload, const packed_layout& layout, T* out, d
   const bool stream = streaming < 0
                           ? host_stream_output(out, n, isa)
                           : streaming == 1 && host_stream_output(out, std::size_t{0}, isa, true);
+  if (layout.positions == position_encoding::elias_fano) {
+    parallel_for(threads, layout.ef_blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
+      if (layout.wide()) {
+        host_expand_elias_fano<T, std::uint64_t>(values, payload.data(), layout, b0, b1, out, op,
+                                                 isa, stream);
+      } else {
+        host_expand_elias_fano<T, std::uint32_t>(values, payload.data(), layout, b0, b1, out, op,
+                                                 isa, stream);
+      }
+    });
+    return;
+  }
   parallel_for(threads, layout.blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
     const std::size_t begin = b0 * block_elements;
     const std::size_t end = std::min(n, b1 * block_elements);
@@ -271,6 +342,8 @@ void host_restore(const payload& payload, const packed_layout& layout, T* out, d
         }
         break;
       }
+      case position_encoding::elias_fano:  // restored above
+        break;
       case position_encoding::index32:
         host_expand_index(values, reinterpret_cast<const std::uint32_t*>(positions), k, begin, end,
                           out, op);

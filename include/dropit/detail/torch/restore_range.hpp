@@ -6,10 +6,12 @@
  *
  * The bitmask encoding's block offsets give the value offset of any 1024-element block; a popcount
  * over at most 31 words finds the offset of any word. Index lists are searched by binary search.
+ * An Elias-Fano code is decoded block by block (8192 elements), from the block holding `begin`.
  */
 #pragma once
 
 #include <dropit/detail/codec.hpp>
+#include <dropit/detail/elias_fano.hpp>
 #include <dropit/detail/numeric.hpp>
 #include <dropit/detail/steps.hpp>
 #include <dropit/detail/torch/kernels.hpp>
@@ -95,6 +97,51 @@ void restore_index_range(const Values& values, const Index* index, std::size_t k
                   });
 }
 
+/// Elias-Fano restore of [begin, end) into out[0, end - begin).
+template <class T, class Values, class Offset>
+void restore_elias_fano_range(const Values& values, const packed_layout& l,
+                              const std::byte* payload, std::size_t begin, std::size_t end, T* out,
+                              dropit::detail::restore_value<T> op) {
+  const auto s = dropit::detail::ef_shape::of(l);
+  const auto* low = reinterpret_cast<const std::uint64_t*>(payload + l.positions_offset);
+  const auto* high = reinterpret_cast<const std::uint64_t*>(payload + l.high_offset);
+  const auto* offsets = reinterpret_cast<const Offset*>(payload + l.block_offsets_offset);
+  auto blocks = [&](std::int64_t t0, std::int64_t t1) {
+    for (auto b = static_cast<std::size_t>(t0); b < static_cast<std::size_t>(t1); ++b) {
+      const std::size_t lo = std::max(begin, b * ef_block_elements);
+      const std::size_t hi = std::min(end, (b + 1) * ef_block_elements);
+      std::fill(out + (lo - begin), out + (hi - begin), T{});
+      for (dropit::detail::ef_cursor c(s, low, high, offsets, b); !c.done();) {
+        const std::size_t j = c.rank();
+        const std::size_t i = c.next();
+        if (i >= hi) break;
+        if (i >= lo) out[i - begin] = op(values[j]);
+      }
+    }
+  };
+  parallel_pieces(static_cast<std::int64_t>(begin / ef_block_elements),
+                  static_cast<std::int64_t>((end - 1) / ef_block_elements + 1), 1,
+                  ef_block_elements * mask_ns_per_element, blocks);
+}
+
+/// Kept values of an Elias-Fano payload before element i.
+template <class Offset>
+[[nodiscard]] std::size_t elias_fano_values_before(const packed_layout& l, const std::byte* payload,
+                                                   std::size_t i) {
+  const auto* offsets = reinterpret_cast<const Offset*>(payload + l.block_offsets_offset);
+  const std::size_t b = i / ef_block_elements;
+  if (b >= l.ef_blocks()) return l.k;
+  dropit::detail::ef_cursor c(dropit::detail::ef_shape::of(l),
+                              reinterpret_cast<const std::uint64_t*>(payload + l.positions_offset),
+                              reinterpret_cast<const std::uint64_t*>(payload + l.high_offset),
+                              offsets, b);
+  while (!c.done()) {
+    const std::size_t j = c.rank();
+    if (c.next() >= i) return j;
+  }
+  return c.rank();
+}
+
 /// restore_range over the kept values `values`: a T pointer, or `decoded_values`.
 template <class T, class Values>
 void restore_range_from(const packed_layout& layout, const std::byte* payload, const Values& values,
@@ -122,6 +169,15 @@ void restore_range_from(const packed_layout& layout, const std::byte* payload, c
       }
       return;
     }
+    case position_encoding::elias_fano:
+      if (layout.wide()) {
+        restore_elias_fano_range<T, Values, std::uint64_t>(values, layout, payload, begin, end, out,
+                                                           op);
+      } else {
+        restore_elias_fano_range<T, Values, std::uint32_t>(values, layout, payload, begin, end, out,
+                                                           op);
+      }
+      return;
     case position_encoding::index32:
       restore_index_range<T>(values, reinterpret_cast<const std::uint32_t*>(positions), layout.k,
                              begin, end, out, op);
@@ -179,6 +235,9 @@ class decoded_values {
       }
       return at;
     }
+    case position_encoding::elias_fano:
+      return l.wide() ? elias_fano_values_before<std::uint64_t>(l, payload, i)
+                      : elias_fano_values_before<std::uint32_t>(l, payload, i);
     case position_encoding::index32: {
       const auto* idx = reinterpret_cast<const std::uint32_t*>(positions);
       return static_cast<std::size_t>(
