@@ -93,14 +93,16 @@ def configurations(model, gamma):
     plain = copy.deepcopy(base)
     converted = copy.deepcopy(base)
     dropit.to_dropit(converted, "mink", gamma)
+    bitmask = copy.deepcopy(base)
+    dropit.to_dropit(bitmask, "mink", gamma, positions="no_elias_fano")
     excluded = copy.deepcopy(base)
     dropit.to_dropit(excluded, "mink", gamma, exclude=fmnist.REFERENCE_EXCLUDE[model])
     reference = copy.deepcopy(base)
     fmnist.reference_to_dropit(reference, gamma)
     floor = copy.deepcopy(base)
     hook_floor(floor)
-    return [("none", plain), ("dropit", converted), ("dropit-excl", excluded),
-            ("reference", reference), ("floor", floor)]
+    return [("none", plain), ("dropit", converted), ("dropit-no-ef", bitmask),
+            ("dropit-excl", excluded), ("reference", reference), ("floor", floor)]
 
 
 def held_after_forward(net, x, y):
@@ -166,6 +168,7 @@ def markdown(rows, a, command):
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     names = {"none": "plain PyTorch", "dropit": "dropit (every layer)",
+             "dropit-no-ef": "dropit (every layer), positions without Elias-Fano",
              "dropit-excl": "dropit (first layer and head dense)",
              "reference": "DropIT's method in PyTorch (topk, int32)",
              "floor": "hook floor: Linear/Conv inputs read once, restored as zeros (trains nothing)"}

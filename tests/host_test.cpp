@@ -427,7 +427,8 @@ TEST_CASE_TEMPLATE("every instruction set gives the oracle's bytes, packing and 
       for (std::size_t i = 5; i < n; i += 101)
         x[i] = from_double<T>(i % 2 ? std::numeric_limits<double>::quiet_NaN()
                                     : -std::numeric_limits<double>::infinity());
-      for (double g : {0.5, 0.9, 0.99}) {
+      // bitmask; Elias-Fano with 2, 3, 4 and 6 low bits (BMI2 encodes 2 to 4 a word at a time)
+      for (double g : {0.5, 0.8, 0.9, 0.95, 0.99}) {
         for (unsigned threads : {1u, 2u}) {
           CAPTURE(static_cast<int>(isa));
           CAPTURE(n);

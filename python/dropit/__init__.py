@@ -44,22 +44,22 @@ class MinK(_C.Policy):
     positions first; NaN ranks above +inf.
     """
 
-    def __init__(self, gamma=0.9, codec="exact"):
-        super().__init__("mink", float(gamma), 0, str(codec))
+    def __init__(self, gamma=0.9, codec="exact", positions="smallest"):
+        super().__init__("mink", float(gamma), 0, str(codec), str(positions))
 
     def __reduce__(self):
-        return (MinK, (self.gamma, self.codec))
+        return (MinK, (self.gamma, self.codec, self.positions))
 
 
 class Random(_C.Policy):
     """Keeps (1 - gamma) of the positions, drawn by a counter-based hash of (seed, position):
     the same seed gives the same positions; ``to_dropit`` gives every layer and step its own."""
 
-    def __init__(self, gamma=0.9, seed=0, codec="exact"):
-        super().__init__("random", float(gamma), int(seed), str(codec))
+    def __init__(self, gamma=0.9, seed=0, codec="exact", positions="smallest"):
+        super().__init__("random", float(gamma), int(seed), str(codec), str(positions))
 
     def __reduce__(self):
-        return (Random, (self.gamma, self.seed, self.codec))
+        return (Random, (self.gamma, self.seed, self.codec, self.positions))
 
 
 class Identity(_C.Policy):

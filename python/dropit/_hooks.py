@@ -308,7 +308,8 @@ class Handle:
         return f"dropit.Handle({self.policy!r}, {counts or 'no layers'})"
 
 
-def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0, codec="exact"):
+def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0, codec="exact",
+              positions="smallest"):
     """Makes ``model``'s layers save less for backward, without replacing any module.
 
     Args:
@@ -323,18 +324,21 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
         seed: base seed of ``"random"``.
         codec: how the kept values are stored: ``"exact"``, or 8 bits with a scale per 1024
             values, ``"int8"`` (round to nearest) or ``"fp8"`` (e4m3); see the C++ codec.hpp.
+        positions: how the kept positions are stored: ``"smallest"`` (bitmask, Elias-Fano code
+            or index list, whichever is smallest: the C++ format.hpp) or ``"no_elias_fano"`` (a
+            faster pack and restore, more bytes at high gamma).
 
     Returns:
         a ``Handle``; ``handle.remove()`` undoes it.
 
     Raises:
-        dropit.Error: bad strategy, gamma or codec, an excluded name that is no module of the model, or a
+        dropit.Error: bad strategy, gamma, codec or positions, an excluded name that is no module of the model, or a
         model already converted. Nothing is registered then.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"dropit: to_dropit: model must be an nn.Module, got {type(model).__name__}")
-    # checks strategy, gamma and codec
-    policy = _C.Policy(str(strategy), float(gamma), int(seed), str(codec))
+    # checks strategy, gamma, codec and positions
+    policy = _C.Policy(str(strategy), float(gamma), int(seed), str(codec), str(positions))
     if isinstance(exclude, str):
         exclude = (exclude,)
     exclude = tuple(exclude)

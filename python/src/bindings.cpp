@@ -33,8 +33,11 @@ py::tuple shape_tuple(const std::vector<std::int64_t>& sizes) {
 }
 
 std::string policy_repr(const dt::policy& p) {
-  const std::string codec =
+  std::string codec =
       p.codec == dropit::value_codec::exact ? "" : "codec='" + dt::to_string(p.codec) + "'";
+  if (p.positions != dropit::position_choice::smallest)
+    codec +=
+        (codec.empty() ? "" : ", ") + std::string("positions='") + dt::to_string(p.positions) + "'";
   switch (p.kind) {
     case dt::policy_kind::mink:
       return "dropit.MinK(gamma=" + py::repr(py::float_(p.gamma)).cast<std::string>() +
@@ -108,18 +111,22 @@ A selection policy: which elements of a saved tensor to keep.
 
 Use the subclasses: ``dropit.MinK(gamma)``, ``dropit.Random(gamma, seed)``, ``dropit.Identity()``.
 gamma is the fraction dropped, in [0, 1]; ``codec`` ("exact", "int8", "fp8") how kept values are
-stored.)doc")
+stored; ``positions`` ("smallest", "no_elias_fano") which position encodings a pack chooses from.)doc")
       .def(py::init([](const std::string& kind, double gamma, std::uint64_t seed,
-                       const std::string& codec) {
+                       const std::string& codec, const std::string& positions) {
              dt::policy p = dt::policy::parse(kind, gamma, seed);
              p.codec = dt::parse_codec(codec);
+             p.positions = dt::parse_positions(positions);
              return p;
            }),
-           py::arg("kind"), py::arg("gamma") = 0.0, py::arg("seed") = 0, py::arg("codec") = "exact")
+           py::arg("kind"), py::arg("gamma") = 0.0, py::arg("seed") = 0, py::arg("codec") = "exact",
+           py::arg("positions") = "smallest")
       .def_property_readonly("kind", [](const dt::policy& p) { return dt::to_string(p.kind); })
       .def_property_readonly("gamma", [](const dt::policy& p) { return p.gamma; })
       .def_property_readonly("seed", [](const dt::policy& p) { return p.seed; })
       .def_property_readonly("codec", [](const dt::policy& p) { return dt::to_string(p.codec); })
+      .def_property_readonly("positions",
+                             [](const dt::policy& p) { return dt::to_string(p.positions); })
       .def(
           "with_seed",
           [](const dt::policy& p, std::uint64_t seed) {
@@ -130,7 +137,8 @@ stored.)doc")
           py::arg("seed"), "The same policy with another seed (Random's positions).")
       .def("__repr__", &policy_repr)
       .def("__eq__", [](const dt::policy& a, const dt::policy& b) {
-        return a.kind == b.kind && a.gamma == b.gamma && a.seed == b.seed && a.codec == b.codec;
+        return a.kind == b.kind && a.gamma == b.gamma && a.seed == b.seed && a.codec == b.codec &&
+               a.positions == b.positions;
       });
 
   py::class_<dt::packed_tensor>(m, "Packed", R"doc(

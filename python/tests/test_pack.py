@@ -110,9 +110,37 @@ def test_identity_is_a_copy():
 def test_payload_is_smaller_than_the_dense_tensor():
     x = torch.randn(1 << 20)
     p = dropit.pack(x, dropit.MinK(0.9))
-    # 0.4 B of values + 1 bit of positions + block offsets per element (the C++ format's bound).
-    assert p.nbytes <= 0.53 * x.numel()
-    assert dropit.pack(x, dropit.MinK(0.99)).nbytes <= 0.081 * x.numel()
+    # 0.4 B of values + the Elias-Fano code of the positions (0.53 bit) + block offsets per element
+    # (the C++ format's bound).
+    assert p.nbytes <= 0.47 * x.numel()
+    assert dropit.pack(x, dropit.MinK(0.99)).nbytes <= 0.0515 * x.numel()
+
+
+@pytest.mark.parametrize("gamma", [0.5, 0.9, 0.99])
+def test_positions_without_elias_fano_restore_the_same_tensor_in_more_bytes(gamma):
+    x = torch.randn(100_003)
+    small = dropit.pack(x, dropit.MinK(gamma))
+    plain = dropit.pack(x, dropit.MinK(gamma, positions="no_elias_fano"))
+    assert torch.equal(small.restore(), plain.restore())
+    assert torch.equal(small.restore(), reference.mink(x, gamma))
+    # gamma 0.5: the bitmask either way; 0.9: Elias-Fano vs the bitmask; 0.99: vs the index list
+    n, k = x.numel(), small.kept
+    bitmask = -(-n // 32) * 4 + -(-n // 1024) * 4
+    if gamma == 0.5:
+        assert small.nbytes == plain.nbytes
+    else:
+        assert small.nbytes < plain.nbytes <= 4 * k + min(bitmask, 4 * k) + 32
+    r = dropit.Random(gamma, 5, positions="no_elias_fano")
+    assert r.positions == "no_elias_fano" and dropit.MinK(gamma).positions == "smallest"
+    assert torch.equal(dropit.pack(x, r).restore(), dropit.pack(x, dropit.Random(gamma, 5)).restore())
+
+
+def test_bad_positions_raise_and_policies_keep_their_positions():
+    with pytest.raises(dropit.Error, match="unknown position choice 'dense'"):
+        dropit.MinK(0.9, positions="dense")
+    p = dropit.MinK(0.9, codec="int8", positions="no_elias_fano")
+    assert repr(p) == "dropit.MinK(gamma=0.9, codec='int8', positions='no_elias_fano')"
+    assert pickle.loads(pickle.dumps(p)) == p and p != dropit.MinK(0.9, codec="int8")
 
 
 def test_live_saved_bytes_follow_the_pack():
@@ -156,3 +184,25 @@ def test_policies_pickle_and_compare():
         assert type(q) is type(p) and q == p
     assert repr(dropit.Random(0.5, 7)) == "dropit.Random(gamma=0.5, seed=7)"
     assert dropit.MinK(0.9).kind == "mink" and dropit.MinK(0.9).gamma == 0.9
+
+
+def test_to_dropit_passes_positions_to_every_pack():
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    x = torch.randn(256, 512)
+    held = {}
+    for positions in ("smallest", "no_elias_fano"):
+        handle = dropit.to_dropit(model, gamma=0.9, positions=positions)
+        assert handle.policy.positions == positions
+        before = dropit.live_saved_bytes().sparse
+        y = model(x)
+        held[positions] = dropit.live_saved_bytes().sparse - before
+        y.sum().backward()
+        handle.remove()
+    # The Linear inputs (131072 and 65536 elements) as Elias-Fano codes: smaller than bitmasks.
+    assert 0 < held["smallest"] < held["no_elias_fano"]
+    with pytest.raises(dropit.Error, match="unknown position choice"):
+        dropit.to_dropit(model, positions="bits")
+    handle = dropit.to_dropit(model, positions="smallest")
+    assert len(handle) > 0
+    handle.remove()

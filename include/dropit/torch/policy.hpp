@@ -6,6 +6,7 @@
 #pragma once
 
 #include <dropit/codec.hpp>
+#include <dropit/format.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -34,6 +35,9 @@ struct policy {
   std::uint64_t seed = 0;                ///< base seed of `random`; step s of a layer uses seed + s
   /// How the kept values are stored (codec.hpp): exact, or 8-bit codes (int8 rounds to nearest)
   value_codec codec = value_codec::exact;
+  /// Which position encodings a pack chooses from (format.hpp): the smallest (the default), or
+  /// no Elias-Fano code (a faster pack and restore, more bytes at high gamma)
+  position_choice positions = position_choice::smallest;
 
   /// @brief Throws dropit::error unless gamma is in [0, 1] (checked for mink and random).
   void validate() const;
@@ -59,6 +63,15 @@ struct policy {
 
 /// @brief The name `parse_codec` reads: "exact", "int8", "fp8".
 [[nodiscard]] std::string to_string(value_codec codec);
+
+/**
+ * @brief Parses a position choice: "smallest" or "no_elias_fano".
+ * @throw dropit::error for another name.
+ */
+[[nodiscard]] position_choice parse_positions(std::string_view name);
+
+/// @brief The name `parse_positions` reads: "smallest", "no_elias_fano".
+[[nodiscard]] std::string to_string(position_choice positions);
 
 /**
  * @brief Bytes held right now by what dropit's autograd functions saved for backward (live

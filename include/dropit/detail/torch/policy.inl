@@ -67,6 +67,17 @@ inline std::string to_string(value_codec codec) {
   return "?";
 }
 
+inline position_choice parse_positions(std::string_view name) {
+  if (name == "smallest") return position_choice::smallest;
+  if (name == "no_elias_fano") return position_choice::no_elias_fano;
+  dropit::detail::throw_error("policy: unknown position choice '", name,
+                              "' (expected smallest or no_elias_fano)");
+}
+
+inline std::string to_string(position_choice positions) {
+  return positions == position_choice::smallest ? "smallest" : "no_elias_fano";
+}
+
 namespace detail {
 
 /// Live bytes of dropit's saved tensors, by kind.

@@ -83,13 +83,13 @@ class any_cache {
         using P = std::decay_t<decltype(selection)>;
         switch (p.codec) {
           case value_codec::int8:
-            emplace<T, P, codec::int8>(exec, data, selection);
+            emplace<T, P, codec::int8>(exec, data, selection, p.positions);
             break;
           case value_codec::fp8_e4m3:
-            emplace<T, P, codec::fp8_e4m3>(exec, data, selection);
+            emplace<T, P, codec::fp8_e4m3>(exec, data, selection, p.positions);
             break;
           default:
-            emplace<T, P, codec::exact>(exec, data, selection);
+            emplace<T, P, codec::exact>(exec, data, selection, p.positions);
             break;
         }
       };
@@ -197,8 +197,9 @@ class any_cache {
  private:
   /// Packs into a new cache of this element type, policy and codec, then holds it.
   template <class T, class P, class C>
-  void emplace(const host_executor& exec, std::span<const T> data, const P& selection) {
-    SparseCache<T, P, C> c{selection};
+  void emplace(const host_executor& exec, std::span<const T> data, const P& selection,
+               position_choice positions) {
+    SparseCache<T, P, C> c{selection, C{}, positions};
     c.pack(exec, data);
     cache_ = std::move(c);
   }

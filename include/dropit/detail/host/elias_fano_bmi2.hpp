@@ -1,0 +1,129 @@
+/**
+ * @file elias_fano_bmi2.hpp
+ * @brief The host's Elias-Fano encoder for 2 to 4 low bits (gamma about 0.75 to 0.97), a bitmask
+ * word at a time with BMI2's bit deposit and extract instead of a kept element at a time: the same
+ * bytes as `ef_encode_block` (detail/elias_fano.hpp), which the tests check on every instruction
+ * set.
+ *
+ * With L <= 4 a 32-bit bitmask word holds G = 32 >> L whole buckets of 2^L elements, so its part of
+ * the high array is, bucket by bucket, as many ones as the bucket keeps and a zero: depositing the
+ * word's bits between separator slots and extracting them with the separators gives it in two
+ * instructions. Its part of the low array is the kept elements' positions in their bucket: the
+ * positions of a half word's set bits as 4-bit nibbles (extract from 0xFEDCBA9876543210), then
+ * their low L bits.
+ */
+#pragma once
+
+#include <dropit/detail/elias_fano.hpp>
+#include <dropit/detail/host/isa.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+#if DROPIT_HOST_X86
+#include <immintrin.h>
+#endif
+
+namespace dropit::detail {
+
+#if DROPIT_HOST_X86
+
+/// Appends bit strings to an array of 64-bit words, storing only the words in [first, end).
+struct ef_packer {
+  std::uint64_t* words;
+  std::size_t first;
+  std::size_t end;
+  std::size_t w;  ///< the word being filled
+  unsigned fill;  ///< its bits below fill are written
+  std::uint64_t acc = 0;
+
+  /// Appends the len (<= 64) low bits of v.
+  void append(std::uint64_t v, unsigned len) noexcept {
+    acc |= v << fill;
+    fill += len;
+    if (fill >= 64) {
+      if (w >= first && w < end) words[w] = acc;
+      ++w;
+      fill -= 64;
+      acc = fill != 0 ? v >> (len - fill) : 0;
+    }
+  }
+  /// Writes the last owned words: the one being filled, then zeros.
+  void finish() noexcept {
+    for (; w < end; ++w, acc = 0)
+      if (w >= first) words[w] = acc;
+  }
+};
+
+/// `ef_encode_block` for 2 <= s.l <= 4 with BMI2.
+template <class Offset>
+DROPIT_TARGET_AVX2 void ef_encode_block_bmi2(const ef_shape& s, const std::uint32_t* words,
+                                             const Offset* counts, std::size_t b,
+                                             std::uint64_t* low, std::uint64_t* high,
+                                             Offset* ef_offsets) noexcept {
+  const unsigned l = s.l;
+  const std::size_t sub_blocks = (s.n + block_elements - 1) / block_elements;
+  const std::size_t total_words = (s.n + word_elements - 1) / word_elements;
+  const bool last = b + 1 == s.blocks();
+  const std::size_t start = b * ef_block_elements;
+  const std::size_t kb = static_cast<std::size_t>(counts[b * ef_sub_blocks]);
+  ef_offsets[b] = static_cast<Offset>(kb);
+  const std::size_t kb1 = last ? s.k : static_cast<std::size_t>(counts[(b + 1) * ef_sub_blocks]);
+  const std::size_t h_bit = (start >> l) + kb;
+  ef_packer hp{high, (h_bit + 63) / 64,
+               last ? s.high_words : ((((start + ef_block_elements) >> l) + kb1) + 63) / 64,
+               h_bit / 64, static_cast<unsigned>(h_bit % 64)};
+  ef_packer lp{low, (kb * l + 63) / 64, last ? s.low_words : (kb1 * l + 63) / 64, kb * l / 64,
+               static_cast<unsigned>(kb * l % 64)};
+  // G buckets of 2^L element slots, each followed by a separator slot.
+  const unsigned buckets = 32u >> l;
+  const unsigned width = (1u << l) + 1;
+  std::uint64_t separators = 0;
+  for (unsigned g = 0; g < buckets; ++g)
+    separators |= std::uint64_t{1} << ((g + 1) * width - 1);
+  const std::uint64_t slots = ((std::uint64_t{1} << (buckets * width)) - 1) & ~separators;
+  std::uint64_t low_of_nibble = 0;  // the low L bits of every nibble
+  for (unsigned q = 0; q < 16; ++q)
+    low_of_nibble |= ((std::uint64_t{1} << l) - 1) << (4 * q);
+  constexpr std::uint64_t nibble_index = 0xFEDCBA9876543210ull;
+  constexpr std::size_t per_block = block_elements / word_elements;
+  for (std::size_t w = start / word_elements; w < total_words; ++w) {
+    const bool high_done = hp.w >= hp.end;
+    const bool low_done = lp.w >= lp.end;
+    if (high_done && low_done) break;
+    if (w % per_block == 0) {  // a block of 1024 that keeps nothing: zeros in the high array
+      const std::size_t c = w / per_block;
+      const std::size_t next = c + 1 < sub_blocks ? static_cast<std::size_t>(counts[c + 1]) : s.k;
+      if (next == static_cast<std::size_t>(counts[c]) && w + per_block <= total_words) {
+        for (std::size_t z = 0; z < (block_elements >> l) && hp.w < hp.end; z += 64)
+          hp.append(0, static_cast<unsigned>(
+                           (block_elements >> l) - z < 64 ? (block_elements >> l) - z : 64));
+        w += per_block - 1;
+        continue;
+      }
+    }
+    const std::uint32_t m = words[w];
+    const unsigned c = static_cast<unsigned>(__builtin_popcount(m));
+    if (!high_done) {
+      const std::uint64_t spread = _pdep_u64(m, slots);
+      hp.append(_pext_u64(spread, spread | separators), c + buckets);
+    }
+    if (!low_done && c != 0) {
+      for (unsigned half = 0; half < 2; ++half) {
+        const std::uint32_t m16 = (m >> (16 * half)) & 0xFFFFu;
+        const unsigned ch = static_cast<unsigned>(__builtin_popcount(m16));
+        if (ch == 0) continue;
+        const std::uint64_t nibbles = _pdep_u64(m16, 0x1111111111111111ull) * 0xF;
+        std::uint64_t v = _pext_u64(nibble_index, nibbles);
+        if (l < 4) v = _pext_u64(v, low_of_nibble);
+        lp.append(v, ch * l);
+      }
+    }
+  }
+  hp.finish();
+  lp.finish();
+}
+
+#endif  // DROPIT_HOST_X86
+
+}  // namespace dropit::detail
