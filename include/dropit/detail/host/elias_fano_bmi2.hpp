@@ -28,25 +28,28 @@ namespace dropit::detail {
 
 #if DROPIT_HOST_X86
 
-/// Appends bit strings to an array of 64-bit words, storing only the words in [first, end).
+/// Appends bit strings to an array of 64-bit words, storing only the words in [first, end). The
+/// word being filled is stored after every append (a store instead of a branch the data decides).
 struct ef_packer {
   std::uint64_t* words;
   std::size_t first;
   std::size_t end;
-  std::size_t w;  ///< the word being filled
-  unsigned fill;  ///< its bits below fill are written
+  std::size_t w;         ///< the word being filled
+  unsigned fill;         ///< its bits below fill are written
+  std::uint64_t* spill;  ///< where the stores to words this packer does not own go
   std::uint64_t acc = 0;
 
   /// Appends the len (<= 64) low bits of v.
   void append(std::uint64_t v, unsigned len) noexcept {
     acc |= v << fill;
-    fill += len;
-    if (fill >= 64) {
-      if (w >= first && w < end) words[w] = acc;
-      ++w;
-      fill -= 64;
-      acc = fill != 0 ? v >> (len - fill) : 0;
-    }
+    *(w - first < end - first ? words + w : spill) = acc;
+    const unsigned next = fill + len;
+    const bool wrap = next >= 64;
+    // The bits of v past this word: v >> (64 - fill), 0 when v ended exactly at its end.
+    const std::uint64_t rest = (v >> 1) >> (63 - fill);
+    w += wrap ? 1 : 0;
+    acc = wrap ? rest : acc;
+    fill = next & 63;
   }
   /// Writes the last owned words: the one being filled, then zeros.
   void finish() noexcept {
@@ -70,11 +73,19 @@ DROPIT_TARGET_AVX2 void ef_encode_block_bmi2(const ef_shape& s, const std::uint3
   ef_offsets[b] = static_cast<Offset>(kb);
   const std::size_t kb1 = last ? s.k : static_cast<std::size_t>(counts[(b + 1) * ef_sub_blocks]);
   const std::size_t h_bit = (start >> l) + kb;
-  ef_packer hp{high, (h_bit + 63) / 64,
+  std::uint64_t spill[2];  // (a local apart from the packers, which stay in registers)
+  ef_packer hp{high,
+               (h_bit + 63) / 64,
                last ? s.high_words : ((((start + ef_block_elements) >> l) + kb1) + 63) / 64,
-               h_bit / 64, static_cast<unsigned>(h_bit % 64)};
-  ef_packer lp{low, (kb * l + 63) / 64, last ? s.low_words : (kb1 * l + 63) / 64, kb * l / 64,
-               static_cast<unsigned>(kb * l % 64)};
+               h_bit / 64,
+               static_cast<unsigned>(h_bit % 64),
+               spill};
+  ef_packer lp{low,
+               (kb * l + 63) / 64,
+               last ? s.low_words : (kb1 * l + 63) / 64,
+               kb * l / 64,
+               static_cast<unsigned>(kb * l % 64),
+               spill + 1};
   // G buckets of 2^L element slots, each followed by a separator slot.
   const unsigned buckets = 32u >> l;
   const unsigned width = (1u << l) + 1;
@@ -108,16 +119,18 @@ DROPIT_TARGET_AVX2 void ef_encode_block_bmi2(const ef_shape& s, const std::uint3
       const std::uint64_t spread = _pdep_u64(m, slots);
       hp.append(_pext_u64(spread, spread | separators), c + buckets);
     }
-    if (!low_done && c != 0) {
-      for (unsigned half = 0; half < 2; ++half) {
-        const std::uint32_t m16 = (m >> (16 * half)) & 0xFFFFu;
-        const unsigned ch = static_cast<unsigned>(__builtin_popcount(m16));
-        if (ch == 0) continue;
-        const std::uint64_t nibbles = _pdep_u64(m16, 0x1111111111111111ull) * 0xF;
-        std::uint64_t v = _pext_u64(nibble_index, nibbles);
-        if (l < 4) v = _pext_u64(v, low_of_nibble);
-        lp.append(v, ch * l);
+    if (!low_done) {  // both halves, whether they keep anything or not: no branch to mispredict
+      const std::uint32_t m0 = m & 0xFFFFu;
+      const std::uint32_t m1 = m >> 16;
+      const unsigned c0 = static_cast<unsigned>(__builtin_popcount(m0));
+      std::uint64_t v0 = _pext_u64(nibble_index, _pdep_u64(m0, 0x1111111111111111ull) * 0xF);
+      std::uint64_t v1 = _pext_u64(nibble_index, _pdep_u64(m1, 0x1111111111111111ull) * 0xF);
+      if (l < 4) {
+        v0 = _pext_u64(v0, low_of_nibble);
+        v1 = _pext_u64(v1, low_of_nibble);
       }
+      lp.append(v0, c0 * l);
+      lp.append(v1, (c - c0) * l);
     }
   }
   hp.finish();
