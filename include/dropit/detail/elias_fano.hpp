@@ -44,6 +44,31 @@ struct ef_shape {
   }
 };
 
+/// What Elias-Fano block b covers: its first element, its kept elements' ranks [kb, kb1), and
+/// the words of each array it writes, [h_first, h_end) and [l_first, l_end): those that start in
+/// its part of the array (its entries begin at high bit `h_bit` and low bit kb * l).
+struct ef_block_span {
+  std::size_t start, kb, kb1, h_bit, h_first, h_end, l_first, l_end;
+
+  /// The span of block b, from the bitmask's running counts per block of 1024.
+  template <class Offset>
+  [[nodiscard]] DROPIT_HD static ef_block_span of(const ef_shape& s, const Offset* counts,
+                                                  std::size_t b) noexcept {
+    const bool last = b + 1 == s.blocks();
+    const unsigned l = s.l;
+    ef_block_span r{};
+    r.start = b * ef_block_elements;
+    r.kb = static_cast<std::size_t>(counts[b * ef_sub_blocks]);
+    r.kb1 = last ? s.k : static_cast<std::size_t>(counts[(b + 1) * ef_sub_blocks]);
+    r.h_bit = (r.start >> l) + r.kb;
+    r.h_first = (r.h_bit + 63) / 64;
+    r.h_end = last ? s.high_words : ((((r.start + ef_block_elements) >> l) + r.kb1) + 63) / 64;
+    r.l_first = (r.kb * l + 63) / 64;
+    r.l_end = last ? s.low_words : (r.kb1 * l + 63) / 64;
+    return r;
+  }
+};
+
 /**
  * Encodes Elias-Fano block b from the bitmask (`words`, 32-bit) and its running counts per block
  * of 1024 (`counts`): writes the block's words of the low and high arrays and its block offset.
@@ -58,22 +83,15 @@ DROPIT_HD void ef_encode_block(const ef_shape& s, const std::uint32_t* words, co
                                Offset* ef_offsets) noexcept {
   const std::size_t sub_blocks = (s.n + block_elements - 1) / block_elements;
   const std::size_t total_words = (s.n + word_elements - 1) / word_elements;
-  const bool last = b + 1 == s.blocks();
-  const std::size_t start = b * ef_block_elements;
-  const std::size_t kb = static_cast<std::size_t>(counts[b * ef_sub_blocks]);
+  const ef_block_span span = ef_block_span::of(s, counts, b);
+  const std::size_t kb = span.kb;
   ef_offsets[b] = static_cast<Offset>(kb);
-  const std::size_t kb1 = last ? s.k : static_cast<std::size_t>(counts[(b + 1) * ef_sub_blocks]);
   const unsigned l = s.l;
-  // The block's entries start at high bit (start >> l) + kb and low bit kb * l; it owns the words
-  // [h_first, h_end) and [l_first, l_end).
-  const std::size_t h_first = ((start >> l) + kb + 63) / 64;
-  const std::size_t h_end =
-      last ? s.high_words : ((((start + ef_block_elements) >> l) + kb1) + 63) / 64;
-  const std::size_t l_first = (kb * l + 63) / 64;
-  const std::size_t l_end = last ? s.low_words : (kb1 * l + 63) / 64;
+  const std::size_t h_first = span.h_first, h_end = span.h_end;
+  const std::size_t l_first = span.l_first, l_end = span.l_end;
   const std::uint64_t low_mask = (std::uint64_t{1} << l) - 1;
   // High packer: word hw being filled (hacc); low packer: word lw, its bits below `fill` set.
-  std::size_t hw = ((start >> l) + kb) / 64;
+  std::size_t hw = span.h_bit / 64;
   std::uint64_t hacc = 0;
   std::size_t lw = kb * l / 64;
   unsigned fill = static_cast<unsigned>(kb * l % 64);

@@ -67,25 +67,16 @@ DROPIT_TARGET_AVX2 void ef_encode_block_bmi2(const ef_shape& s, const std::uint3
   const unsigned l = s.l;
   const std::size_t sub_blocks = (s.n + block_elements - 1) / block_elements;
   const std::size_t total_words = (s.n + word_elements - 1) / word_elements;
-  const bool last = b + 1 == s.blocks();
-  const std::size_t start = b * ef_block_elements;
-  const std::size_t kb = static_cast<std::size_t>(counts[b * ef_sub_blocks]);
-  ef_offsets[b] = static_cast<Offset>(kb);
-  const std::size_t kb1 = last ? s.k : static_cast<std::size_t>(counts[(b + 1) * ef_sub_blocks]);
-  const std::size_t h_bit = (start >> l) + kb;
+  const ef_block_span span = ef_block_span::of(s, counts, b);
+  const std::size_t start = span.start;
+  ef_offsets[b] = static_cast<Offset>(span.kb);
   std::uint64_t spill[2];  // (a local apart from the packers, which stay in registers)
-  ef_packer hp{high,
-               (h_bit + 63) / 64,
-               last ? s.high_words : ((((start + ef_block_elements) >> l) + kb1) + 63) / 64,
-               h_bit / 64,
-               static_cast<unsigned>(h_bit % 64),
-               spill};
-  ef_packer lp{low,
-               (kb * l + 63) / 64,
-               last ? s.low_words : (kb1 * l + 63) / 64,
-               kb * l / 64,
-               static_cast<unsigned>(kb * l % 64),
-               spill + 1};
+  ef_packer hp{
+      high, span.h_first, span.h_end, span.h_bit / 64, static_cast<unsigned>(span.h_bit % 64),
+      spill};
+  ef_packer lp{
+      low,      span.l_first, span.l_end, span.kb * l / 64, static_cast<unsigned>(span.kb * l % 64),
+      spill + 1};
   // G buckets of 2^L element slots, each followed by a separator slot.
   const unsigned buckets = 32u >> l;
   const unsigned width = (1u << l) + 1;
