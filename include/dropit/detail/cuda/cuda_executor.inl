@@ -101,9 +101,8 @@ struct device_steps {
            resolve_fn<Key>{t.ctl, t.cand_key, plan.capacity, t.small});
   }
   void compact() {
-    const bool index_list =
-        l.positions != position_encoding::bitmask && l.positions != position_encoding::elias_fano;
     const bool ef = l.positions == position_encoding::elias_fano;
+    const bool index_list = l.positions != position_encoding::bitmask && !ef;
     auto* positions =
         ef ? ef_words : reinterpret_cast<std::uint32_t*>(payload + l.positions_offset);
     auto* offsets =
