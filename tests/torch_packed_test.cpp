@@ -115,6 +115,38 @@ TEST_CASE("torch packed_mask: 1 where ReLU's backward passes the gradient, NaN i
                        doctest::Contains("floating-point"), dropit::error);
 }
 
+TEST_CASE("torch packed_mask::dropout: a dropout's noise (0 or 1 / (1 - p)) back exactly") {
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+    for (const double p : {0.1, 0.5, 0.9}) {
+      CAPTURE(dtype);
+      CAPTURE(p);
+      torch::manual_seed(3);
+      // What LibTorch's CPU dropout saves for backward: bernoulli(1 - p) / (1 - p).
+      const auto noise =
+          torch::empty({5, 37, 11}, dtype).bernoulli_(1 - p).div_(1 - p).transpose(0, 2);
+      const auto before = dt::live_saved_bytes();
+      const auto m = dt::packed_mask::dropout(noise);
+      CHECK(m.bytes() == static_cast<std::size_t>((noise.numel() + 31) / 32 * 4));
+      CHECK(dt::live_saved_bytes().masks == before.masks + m.bytes());
+      const auto r = m.restore();
+      CHECK((r.scalar_type() == dtype));
+      CHECK(r.strides() == noise.strides());  // a permutation of a dense tensor keeps its layout
+      CHECK(torch::equal(r, noise));
+    }
+  }
+  CHECK(
+      torch::equal(dt::packed_mask::dropout(torch::zeros({3, 4})).restore(), torch::zeros({3, 4})));
+  CHECK_THROWS_WITH_AS((void)dt::packed_mask::dropout(torch::tensor({0.f, 2.f, 0.f, 3.f})),
+                       doctest::Contains("0 or 2"), dropit::error);
+  CHECK_THROWS_WITH_AS((void)dt::packed_mask::dropout(torch::tensor({0.f, -2.f})),
+                       doctest::Contains("positive finite"), dropit::error);
+  CHECK_THROWS_WITH_AS(
+      (void)dt::packed_mask::dropout(torch::tensor({0.f, std::numeric_limits<float>::quiet_NaN()})),
+      doctest::Contains("positive finite"), dropit::error);
+  CHECK_THROWS_WITH_AS((void)dt::packed_mask::dropout(torch::arange(4)),
+                       doctest::Contains("floating-point"), dropit::error);
+}
+
 TEST_CASE("torch packed_pool_indices: LibTorch's indices back, for every window shape") {
   struct window {
     std::int64_t kh, kw, sh, sw, ph, pw, dh, dw;

@@ -170,12 +170,16 @@ Raises dropit.Error for a non-contiguous, non-CPU or unsupported tensor.)doc");
         py::call_guard<py::gil_scoped_release>(),
         "Packs any CPU strided tensor (dense ones in memory order, others through a copy).");
 
-  py::class_<dt::packed_mask>(m, "Mask", "A ReLU output's sign mask, 1 bit per element.")
+  py::class_<dt::packed_mask>(m, "Mask",
+                              "A ReLU output's sign mask or a dropout's noise, 1 bit per element.")
       .def("restore", &dt::packed_mask::restore, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("nbytes", &dt::packed_mask::bytes)
       .def_property_readonly("numel", &dt::packed_mask::numel);
   m.def("_pack_relu", &dt::packed_mask::relu, py::arg("output"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("_pack_dropout", &dt::packed_mask::dropout, py::arg("noise"),
+        py::call_guard<py::gil_scoped_release>(),
+        "A dropout's saved noise (every element 0 or one positive value) as bits and the value.");
 
   py::class_<dt::packed_pool_indices>(m, "PoolIndices",
                                       "A max pooling's argmax indices as window positions.")

@@ -78,7 +78,7 @@ class packed_tensor {
   at::ScalarType dtype_ = at::kFloat;
 };
 
-/// @brief What a ReLU's backward needs of its saved output, in 1 bit per element.
+/// @brief What a ReLU's or a dropout's backward needs of its saved tensor, in 1 bit per element.
 class packed_mask {
  public:
   /**
@@ -88,7 +88,17 @@ class packed_mask {
    */
   [[nodiscard]] static packed_mask relu(const at::Tensor& y);
 
-  /// @brief A new tensor with y's sizes, strides and dtype: 1 where the mask is set, 0 elsewhere.
+  /**
+   * @brief Packs a dropout's saved noise: a floating-point tensor whose elements are all 0 or
+   * one value s (1 / (1 - p) for LibTorch's CPU dropout, which saves `bernoulli(1 - p) / (1 - p)`
+   * and multiplies by it in backward), as a mask of the elements equal to s, and s. Lossless.
+   * @throw dropit::error for an undefined, non-CPU or non-strided tensor, a non-floating dtype, or
+   * elements that are neither 0 nor one common nonzero value (NaN included).
+   */
+  [[nodiscard]] static packed_mask dropout(const at::Tensor& noise);
+
+  /// @brief A new tensor with the packed sizes, strides and dtype: the value (1 for a ReLU mask,
+  /// s for a dropout's noise) where the mask is set, 0 elsewhere.
   [[nodiscard]] at::Tensor restore() const;
 
   /// @brief Mask bytes held.
@@ -100,6 +110,7 @@ class packed_mask {
   at::Tensor words_;  ///< int32 words counted as mask bytes (detail::make_mask)
   std::vector<std::int64_t> sizes_, strides_;
   at::ScalarType dtype_ = at::kFloat;
+  double value_ = 1;  ///< what a set bit restores to (exactly representable in dtype_)
 };
 
 /// @brief A 2-d max pooling's argmax indices as window positions.

@@ -6,6 +6,7 @@
 
 #include <ATen/Dispatch.h>
 
+#include <limits>
 #include <memory>
 
 namespace dropit::torch {
@@ -89,33 +90,94 @@ inline std::size_t packed_tensor::numel() const noexcept {
 
 // ---- packed_mask -------------------------------------------------------------------------------
 
+namespace detail {
+/// The one nonzero value of a dense tensor whose elements are all 0 or that value (1 if all are
+/// 0): a dropout's noise. Throws for anything else.
+[[nodiscard]] inline double two_valued_scale(const at::Tensor& dense) {
+  const std::int64_t n = dense.numel();
+  double value = 1;
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, dense.scalar_type(), "dropit_two_valued", [&] {
+        const scalar_t* x = dense.data_ptr<scalar_t>();
+        std::int64_t i = 0;
+        while (i < n && static_cast<double>(x[i]) == 0)
+          ++i;
+        if (i == n) return;
+        const double s = static_cast<double>(x[i]);
+        DROPIT_EXPECTS(s > 0 && s <= std::numeric_limits<double>::max(),
+                       "torch::dropout mask: the kept elements must share one positive finite "
+                       "value, element ",
+                       i, " is ", s);
+        bool two_valued = true;
+        for (std::int64_t j = i; j < n; ++j) {
+          const double v = static_cast<double>(x[j]);
+          two_valued &= (v == 0) | (v == s);
+        }
+        DROPIT_EXPECTS(two_valued, "torch::dropout mask: every element must be 0 or ", s,
+                       " (a dropout's noise), this tensor has other values");
+        value = s;
+      });
+  return value;
+}
+
+/// Bit i of a new mask: element i of the dense tensor t is > 0 (or NaN).
+[[nodiscard]] inline at::Tensor positive_bits(const at::Tensor& dense) {
+  at::Tensor words = make_mask((dense.numel() + 31) / 32);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, dense.scalar_type(), "dropit_mask", [&] {
+        positive_mask(dense.data_ptr<scalar_t>(),
+                      reinterpret_cast<std::uint32_t*>(words.data_ptr()), dense.numel());
+      });
+  return words;
+}
+
+/// A new tensor of the given layout: `value` where the mask's bit is set, 0 elsewhere.
+[[nodiscard]] inline at::Tensor expand_bits(const at::Tensor& words,
+                                            const std::vector<std::int64_t>& sizes,
+                                            const std::vector<std::int64_t>& strides,
+                                            at::ScalarType dtype, double value) {
+  at::Tensor out = empty_like_dense(sizes, strides, dtype);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "dropit_unmask", [&] {
+    expand_mask(reinterpret_cast<const std::uint32_t*>(words.data_ptr()), out.data_ptr<scalar_t>(),
+                out.numel());
+  });
+  if (value != 1) out.mul_(value);  // 1 * s is s exactly: s came from this dtype
+  return out;
+}
+}  // namespace detail
+
 inline packed_mask packed_mask::relu(const at::Tensor& y) {
   detail::check_saved(y, "relu mask");
   DROPIT_EXPECTS(at::isFloatingType(y.scalar_type()),
                  "torch::relu mask: a floating-point tensor is needed, got ", y.scalar_type());
   const at::Tensor dense = detail::dense_or_copy(y);
-  const std::int64_t n = dense.numel();
   packed_mask out;
-  out.words_ = detail::make_mask((n + 31) / 32);
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kBFloat16, at::kHalf, dense.scalar_type(), "dropit_mask", [&] {
-        detail::positive_mask(dense.data_ptr<scalar_t>(),
-                              reinterpret_cast<std::uint32_t*>(out.words_.data_ptr()), n);
-      });
+  out.words_ = detail::positive_bits(dense);
   out.sizes_ = dense.sizes().vec();
   out.strides_ = dense.strides().vec();
   out.dtype_ = dense.scalar_type();
   return out;
 }
 
+inline packed_mask packed_mask::dropout(const at::Tensor& noise) {
+  detail::check_saved(noise, "dropout mask");
+  DROPIT_EXPECTS(at::isFloatingType(noise.scalar_type()),
+                 "torch::dropout mask: a floating-point tensor is needed, got ",
+                 noise.scalar_type());
+  const at::Tensor dense = detail::dense_or_copy(noise);
+  const double value = detail::two_valued_scale(dense);
+  packed_mask out;
+  out.words_ = detail::positive_bits(dense);
+  out.sizes_ = dense.sizes().vec();
+  out.strides_ = dense.strides().vec();
+  out.dtype_ = dense.scalar_type();
+  out.value_ = value;
+  return out;
+}
+
 inline at::Tensor packed_mask::restore() const {
   DROPIT_EXPECTS(words_.defined(), "torch::packed_mask: restore of an empty mask");
-  at::Tensor out = detail::empty_like_dense(sizes_, strides_, dtype_);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype_, "dropit_unmask", [&] {
-    detail::expand_mask(reinterpret_cast<const std::uint32_t*>(words_.data_ptr()),
-                        out.data_ptr<scalar_t>(), out.numel());
-  });
-  return out;
+  return detail::expand_bits(words_, sizes_, strides_, dtype_, value_);
 }
 
 inline std::size_t packed_mask::bytes() const noexcept {
