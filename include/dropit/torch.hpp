@@ -23,3 +23,5 @@
 #include <dropit/torch/modules.hpp>
 #include <dropit/torch/packed.hpp>
 #include <dropit/torch/policy.hpp>
+#include <dropit/torch/store.hpp>
+#include <dropit/torch/store_modules.hpp>

@@ -15,6 +15,7 @@
 
 #include <dropit/torch/modules.hpp>
 #include <dropit/torch/policy.hpp>
+#include <dropit/torch/store_modules.hpp>
 
 #include <torch/nn/module.h>
 
@@ -31,8 +32,13 @@ struct convert_options {
   bool replace = true;
   /// Replace `ReLU` and `MaxPool2d` by their mask-saving versions too.
   bool masks = true;
+  /// The dense saved tensors to keep through a codec (store.hpp): every dropit store module
+  /// (`LayerNorm`, `GELU`, `Softmax`, `Dropout`, `SoftmaxAttention`) gets these options, and
+  /// with `replace` the standard `LayerNorm`, `GELU`, `Softmax` and `Dropout` children of
+  /// containers whose class is on are replaced. Off by default.
+  store_options store{};
   /// Layers to leave out, by dotted path ("features.3") and module: a standard layer is not
-  /// replaced, a dropit layer keeps its policy.
+  /// replaced, a dropit layer keeps its policy (a store module its store options).
   std::function<bool(const std::string& path, const ::torch::nn::Module&)> exclude;
 };
 
@@ -41,12 +47,14 @@ struct convert_report {
   std::size_t switched = 0;  ///< dropit layers now on the policy (replaced ones included)
   std::size_t replaced = 0;  ///< standard layers replaced by dropit layers
   std::size_t excluded = 0;  ///< dropit layers left alone (opted out, or by `exclude`)
+  std::size_t stored = 0;    ///< store modules given `convert_options::store` (replaced included)
 };
 
 /**
  * @brief Sets every dropit layer under `root` (root included) to `p`, except excluded ones, and
  * first replaces standard layers in `Sequential`/`ModuleList` containers (sharing their parameter
- * tensors, so an optimizer built before keeps working). With `p.kind == none` nothing is replaced.
+ * tensors, so an optimizer built before keeps working). With `p.kind == none` no Linear, Conv2d,
+ * ReLU or MaxPool2d is replaced; store modules follow `options.store` either way.
  * @throw dropit::error if p's gamma is outside [0, 1].
  */
 convert_report to_dropit(::torch::nn::Module& root, const policy& p,

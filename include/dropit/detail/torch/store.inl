@@ -1,0 +1,310 @@
+// Implementation of dropit::torch's codec storage (torch/store.hpp): autograd functions that run
+// LibTorch's kernels and keep their saved tensors packed.
+#pragma once
+
+#include <dropit/detail/torch/saved.hpp>
+#include <dropit/torch/packed.hpp>
+
+#include <ATen/WrapDimUtils.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <array>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace dropit::torch {
+
+inline store_options store_options::all(value_codec c) {
+  store_options s;
+  s.codec = c;
+  s.layernorm = s.gelu = s.softmax = s.matmul = s.dropout = true;
+  return s;
+}
+
+inline store_options store_options::parse(std::string_view classes, value_codec c) {
+  store_options s;
+  s.codec = c;
+  while (!classes.empty()) {
+    const std::size_t comma = classes.find(',');
+    const std::string_view name = classes.substr(0, comma);
+    if (name == "all") {
+      s = all(c);
+    } else if (name == "layernorm") {
+      s.layernorm = true;
+    } else if (name == "gelu") {
+      s.gelu = true;
+    } else if (name == "softmax") {
+      s.softmax = true;
+    } else if (name == "matmul") {
+      s.matmul = true;
+    } else if (name == "dropout") {
+      s.dropout = true;
+    } else {
+      DROPIT_EXPECTS(false, "torch::store_options: unknown class '", std::string(name),
+                     "' (layernorm, gelu, softmax, matmul, dropout, all)");
+    }
+    classes = comma == std::string_view::npos ? std::string_view{} : classes.substr(comma + 1);
+  }
+  return s;
+}
+
+inline std::string to_string(const store_options& s) {
+  std::string out;
+  const std::array<std::pair<bool, const char*>, 5> classes{{{s.layernorm, "layernorm"},
+                                                             {s.gelu, "gelu"},
+                                                             {s.softmax, "softmax"},
+                                                             {s.matmul, "matmul"},
+                                                             {s.dropout, "dropout"}}};
+  for (const auto& [on, name] : classes) {
+    if (!on) continue;
+    if (!out.empty()) out += ',';
+    out += name;
+  }
+  return out;
+}
+
+namespace detail {
+
+using ::torch::autograd::AutogradContext;
+using ::torch::autograd::variable_list;
+
+/// Throws unless p is a pack a dense saved tensor can take (none or identity).
+inline void check_store(const policy& p, const char* who) {
+  p.validate();
+  DROPIT_EXPECTS(p.kind == policy_kind::none || p.kind == policy_kind::identity, "torch::", who,
+                 ": a stored tensor is read whole by backward: use an identity policy with a "
+                 "codec (store_options::policy_for), got ",
+                 to_string(p.kind));
+}
+
+/// Whether a store function packs: a policy, grad mode on, and some input needing a gradient.
+template <class... T>
+[[nodiscard]] bool wants_store(const policy& p, const T&... inputs) {
+  return p.active() && ::torch::autograd::GradMode::is_enabled() &&
+         (... || (inputs.defined() && inputs.requires_grad()));
+}
+
+/// A tensor to save: packed with p when p is active, else as it is.
+[[nodiscard]] inline at::Tensor keep(const at::Tensor& t, const policy& p) {
+  return p.active() ? save_packed(t, p) : t;
+}
+
+/// What `keep` saved, back as a tensor of `sizes` (contiguous when it was packed).
+[[nodiscard]] inline at::Tensor unkeep(const at::Tensor& saved, bool packed,
+                                       at::IntArrayRef sizes) {
+  return packed ? restore_packed(saved, sizes) : saved;
+}
+
+[[nodiscard]] inline c10::optional<at::Tensor> optional_of(const at::Tensor& t) {
+  return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt;
+}
+
+struct layer_norm_fn : ::torch::autograd::Function<layer_norm_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const c10::optional<at::Tensor>& w, const c10::optional<at::Tensor>& b,
+                            std::vector<std::int64_t> shape, double eps, const policy& p) {
+    auto [y, mean, rstd] = at::native_layer_norm(x, shape, w, b, eps);
+    ctx->save_for_backward(
+        {save_packed(x, p), mean, rstd, w.value_or(at::Tensor()), b.value_or(at::Tensor())});
+    ctx->saved_data["x_sizes"] = x.sizes();
+    ctx->saved_data["shape"] = shape;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor x = restore_packed(s[0], ctx->saved_data["x_sizes"].toIntVector());
+    const std::array<bool, 3> mask{ctx->needs_input_grad(0),
+                                   s[3].defined() && ctx->needs_input_grad(1),
+                                   s[4].defined() && ctx->needs_input_grad(2)};
+    auto [gx, gw, gb] =
+        at::native_layer_norm_backward(grads[0], x, ctx->saved_data["shape"].toIntVector(), s[1],
+                                       s[2], optional_of(s[3]), optional_of(s[4]), mask);
+    return {gx, gw, gb, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct gelu_fn : ::torch::autograd::Function<gelu_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const policy& p,
+                            const std::string& approximate) {
+    at::Tensor y = at::gelu(x, approximate);
+    ctx->save_for_backward({save_packed(x, p)});
+    ctx->saved_data["x_sizes"] = x.sizes();
+    ctx->saved_data["approximate"] = approximate;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor x =
+        restore_packed(ctx->get_saved_variables()[0], ctx->saved_data["x_sizes"].toIntVector());
+    return {at::gelu_backward(grads[0], x, ctx->saved_data["approximate"].toStringRef()),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+struct softmax_fn : ::torch::autograd::Function<softmax_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, std::int64_t dim,
+                            const policy& p) {
+    at::Tensor y = at::_softmax(x, dim, false);
+    ctx->save_for_backward({save_packed(y, p)});
+    ctx->saved_data["y_sizes"] = y.sizes();
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["dtype"] = x.scalar_type();
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor y =
+        restore_packed(ctx->get_saved_variables()[0], ctx->saved_data["y_sizes"].toIntVector());
+    return {at::_softmax_backward_data(grads[0], y, ctx->saved_data["dim"].toInt(),
+                                       ctx->saved_data["dtype"].toScalarType()),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+/// softmax(q k^T) v as at::matmul computes it on these shapes: operands reshaped (copied when
+/// they are views) to [batch, rows, cols], then bmm; backward as LibTorch's BmmBackward0 and
+/// SoftmaxBackward0.
+struct attention_fn : ::torch::autograd::Function<attention_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const policy& ps, const policy& pm) {
+    const std::int64_t t = q.size(-2), d = q.size(-1), s = k.size(-2), e = v.size(-1);
+    const at::Tensor q3 = q.reshape({-1, t, d});
+    const at::Tensor kt3 = k.transpose(-2, -1).reshape({-1, d, s});
+    const at::Tensor v3 = v.reshape({-1, s, e});
+    const at::Tensor att = at::_softmax(at::bmm(q3, kt3), -1, false);
+    std::vector<std::int64_t> out_sizes = q.sizes().vec();
+    out_sizes.back() = e;
+    at::Tensor out = at::bmm(att, v3).view(out_sizes);
+    ctx->save_for_backward({keep(q3, pm), keep(kt3, pm), keep(v3, pm), keep(att, ps)});
+    ctx->saved_data["sizes"] = std::vector<std::int64_t>{q3.size(0), t, d, s, e};
+    ctx->saved_data["packed"] = std::vector<bool>{pm.active(), ps.active()};
+    ctx->saved_data["q_sizes"] = q.sizes();
+    ctx->saved_data["k_sizes"] = k.sizes();
+    ctx->saved_data["v_sizes"] = v.sizes();
+    ctx->saved_data["dtype"] = q.scalar_type();
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const std::vector<std::int64_t> n = ctx->saved_data["sizes"].toIntVector();
+    const std::int64_t bh = n[0], t = n[1], d = n[2], s = n[3], e = n[4];
+    const c10::List<bool> packed = ctx->saved_data["packed"].toBoolList();
+    const at::Tensor g = grads[0].reshape({bh, t, e});
+    // The second matmul, att [bh, t, s] x v3 [bh, s, e].
+    const at::Tensor att = unkeep(saved[3], packed[1], {bh, t, s});
+    const at::Tensor v3 = unkeep(saved[2], packed[0], {bh, s, e});
+    at::Tensor gv;
+    if (ctx->needs_input_grad(2)) {
+      gv = att.transpose(1, 2).bmm(g).view(ctx->saved_data["v_sizes"].toIntVector());
+    }
+    const at::Tensor gatt = g.bmm(v3.transpose(1, 2));
+    const at::Tensor gs =
+        at::_softmax_backward_data(gatt, att, -1, ctx->saved_data["dtype"].toScalarType());
+    // The first matmul, q3 [bh, t, d] x kt3 [bh, d, s].
+    at::Tensor gq, gk;
+    if (ctx->needs_input_grad(0)) {
+      const at::Tensor kt3 = unkeep(saved[1], packed[0], {bh, d, s});
+      gq = gs.bmm(kt3.transpose(1, 2)).view(ctx->saved_data["q_sizes"].toIntVector());
+    }
+    if (ctx->needs_input_grad(1)) {
+      const at::Tensor q3 = unkeep(saved[0], packed[0], {bh, t, d});
+      std::vector<std::int64_t> kt_sizes = ctx->saved_data["k_sizes"].toIntVector();
+      std::swap(kt_sizes[kt_sizes.size() - 1], kt_sizes[kt_sizes.size() - 2]);
+      gk = q3.transpose(1, 2).bmm(gs).view(kt_sizes).transpose(-2, -1);
+    }
+    return {gq, gk, gv, at::Tensor(), at::Tensor()};
+  }
+};
+
+struct dropout_fn : ::torch::autograd::Function<dropout_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, double p) {
+    // LibTorch's CPU dropout, draw for draw: bernoulli(1 - p) / (1 - p), then x * noise.
+    at::Tensor noise = at::empty_like(x, at::MemoryFormat::Contiguous);
+    noise.bernoulli_(1 - p);
+    noise.div_(1 - p);
+    at::Tensor y = x * noise;
+    ctx->save_for_backward({positive_bits(noise)});
+    ctx->saved_data["sizes"] = noise.sizes();
+    ctx->saved_data["strides"] = noise.strides();
+    ctx->saved_data["value"] = two_valued_scale(noise);
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor noise =
+        expand_bits(ctx->get_saved_variables()[0], ctx->saved_data["sizes"].toIntVector(),
+                    ctx->saved_data["strides"].toIntVector(), grads[0].scalar_type(),
+                    ctx->saved_data["value"].toDouble());
+    return {grads[0] * noise, at::Tensor()};
+  }
+};
+
+}  // namespace detail
+
+inline at::Tensor layer_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
+                             const c10::optional<at::Tensor>& weight,
+                             const c10::optional<at::Tensor>& bias, double eps,
+                             const policy& store) {
+  detail::check_store(store, "layer_norm");
+  const at::Tensor w = weight.value_or(at::Tensor()), b = bias.value_or(at::Tensor());
+  if (!detail::wants_store(store, x, w, b)) {
+    return at::layer_norm(x, normalized_shape, weight, bias, eps);
+  }
+  detail::check_packable(x, "layer_norm");
+  return detail::layer_norm_fn::apply(x, weight, bias, normalized_shape.vec(), eps, store);
+}
+
+inline at::Tensor gelu(const at::Tensor& x, const policy& store, const std::string& approximate) {
+  detail::check_store(store, "gelu");
+  if (!detail::wants_store(store, x)) return at::gelu(x, approximate);
+  detail::check_packable(x, "gelu");
+  return detail::gelu_fn::apply(x, store, approximate);
+}
+
+inline at::Tensor softmax(const at::Tensor& x, std::int64_t dim, const policy& store) {
+  detail::check_store(store, "softmax");
+  dim = at::maybe_wrap_dim(dim, x.dim());
+  if (!detail::wants_store(store, x)) return at::softmax(x, dim);
+  detail::check_packable(x, "softmax");
+  return detail::softmax_fn::apply(x, dim, store);
+}
+
+inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const policy& softmax_store, const policy& matmul_store) {
+  detail::check_store(softmax_store, "attention");
+  detail::check_store(matmul_store, "attention");
+  DROPIT_EXPECTS(q.dim() >= 2 && q.dim() == k.dim() && q.dim() == v.dim(),
+                 "torch::attention: q, k and v must have the same number (>= 2) of dimensions, "
+                 "got ",
+                 q.dim(), ", ", k.dim(), ", ", v.dim());
+  DROPIT_EXPECTS(q.sizes().slice(0, q.dim() - 2) == k.sizes().slice(0, k.dim() - 2) &&
+                     q.sizes().slice(0, q.dim() - 2) == v.sizes().slice(0, v.dim() - 2) &&
+                     q.size(-1) == k.size(-1) && k.size(-2) == v.size(-2),
+                 "torch::attention: shapes do not match: q ", q.sizes(), ", k ", k.sizes(), ", v ",
+                 v.sizes(), " (q [..., t, d], k [..., s, d], v [..., s, e])");
+  const bool any = softmax_store.active() || matmul_store.active();
+  if (!any || !::torch::autograd::GradMode::is_enabled() ||
+      !(q.requires_grad() || k.requires_grad() || v.requires_grad())) {
+    return at::matmul(at::softmax(at::matmul(q, k.transpose(-2, -1)), -1), v);
+  }
+  for (const at::Tensor* t : {&q, &k, &v})
+    detail::check_packable(*t, "attention");
+  return detail::attention_fn::apply(q, k, v, softmax_store, matmul_store);
+}
+
+inline at::Tensor dropout(const at::Tensor& x, double p, bool train, bool bits) {
+  DROPIT_EXPECTS(p >= 0 && p <= 1, "torch::dropout: p must be in [0, 1], got ", p);
+  if (!bits || !train || p == 0 || p == 1 || x.numel() == 0 ||
+      !::torch::autograd::GradMode::is_enabled() || !x.requires_grad() ||
+      !at::isFloatingType(x.scalar_type())) {
+    return at::dropout(x, p, train);
+  }
+  detail::check_packable(x, "dropout");
+  return detail::dropout_fn::apply(x, p);
+}
+
+}  // namespace dropit::torch

@@ -1,0 +1,150 @@
+// Implementation of dropit::torch's codec-storage modules (torch/store_modules.hpp).
+#pragma once
+
+#include <dropit/torch/modules.hpp>  // detail::copy_parameters
+
+#include <string>
+
+namespace dropit::torch {
+
+inline void store_layer::print_store(std::ostream& out, bool on) const {
+  out << "store=" << (on ? to_string(store_.codec) : std::string("off"));
+}
+
+// ---- LayerNorm -----------------------------------------------------------------------------
+
+inline LayerNormImpl::LayerNormImpl(const ::torch::nn::LayerNormOptions& options,
+                                    const store_options& s)
+    : ::torch::nn::LayerNormImpl(options), store_layer(s) {
+}
+
+inline LayerNormImpl::LayerNormImpl(const ::torch::nn::LayerNormImpl& other, const store_options& s)
+    // Module is a virtual base: copy it here too, or the parameters would not come along.
+    : ::torch::nn::Module(other), ::torch::nn::LayerNormImpl(other), store_layer(s) {
+}
+
+inline at::Tensor LayerNormImpl::forward(const at::Tensor& input) {
+  const policy p = is_training() ? store_.policy_for(store_.layernorm) : policy{};
+  return dropit::torch::layer_norm(
+      input, options.normalized_shape(),
+      weight.defined() ? c10::optional<at::Tensor>(weight) : c10::nullopt,
+      bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, options.eps(), p);
+}
+
+inline std::shared_ptr<::torch::nn::Module> LayerNormImpl::clone(
+    const c10::optional<c10::Device>& device) const {
+  auto copy = std::make_shared<LayerNormImpl>(options, store_);
+  detail::copy_parameters(*this, *copy, device);
+  copy->train(is_training());
+  return copy;
+}
+
+inline void LayerNormImpl::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::LayerNorm(normalized_shape="
+         << at::IntArrayRef(options.normalized_shape()) << ", eps=" << options.eps() << ", ";
+  print_store(stream, store_.layernorm);
+  stream << ")";
+}
+
+// ---- GELU ----------------------------------------------------------------------------------
+
+inline GELUImpl::GELUImpl(const ::torch::nn::GELUOptions& options, const store_options& s)
+    : ::torch::nn::GELUImpl(options), store_layer(s) {
+}
+
+inline GELUImpl::GELUImpl(const ::torch::nn::GELUImpl& other, const store_options& s)
+    : ::torch::nn::Module(other), ::torch::nn::GELUImpl(other), store_layer(s) {
+}
+
+inline at::Tensor GELUImpl::forward(const at::Tensor& input) {
+  const policy p = is_training() ? store_.policy_for(store_.gelu) : policy{};
+  return dropit::torch::gelu(input, p, options.approximate());
+}
+
+inline std::shared_ptr<::torch::nn::Module> GELUImpl::clone(
+    const c10::optional<c10::Device>&) const {
+  auto copy = std::make_shared<GELUImpl>(options, store_);
+  copy->train(is_training());
+  return copy;
+}
+
+inline void GELUImpl::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::GELU(approximate=" << options.approximate() << ", ";
+  print_store(stream, store_.gelu);
+  stream << ")";
+}
+
+// ---- Softmax -------------------------------------------------------------------------------
+
+inline SoftmaxImpl::SoftmaxImpl(const ::torch::nn::SoftmaxOptions& options, const store_options& s)
+    : ::torch::nn::SoftmaxImpl(options), store_layer(s) {
+}
+
+inline SoftmaxImpl::SoftmaxImpl(const ::torch::nn::SoftmaxImpl& other, const store_options& s)
+    : ::torch::nn::Module(other), ::torch::nn::SoftmaxImpl(other), store_layer(s) {
+}
+
+inline at::Tensor SoftmaxImpl::forward(const at::Tensor& input) {
+  const policy p = is_training() ? store_.policy_for(store_.softmax) : policy{};
+  return dropit::torch::softmax(input, options.dim(), p);
+}
+
+inline std::shared_ptr<::torch::nn::Module> SoftmaxImpl::clone(
+    const c10::optional<c10::Device>&) const {
+  auto copy = std::make_shared<SoftmaxImpl>(options, store_);
+  copy->train(is_training());
+  return copy;
+}
+
+inline void SoftmaxImpl::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::Softmax(dim=" << options.dim() << ", ";
+  print_store(stream, store_.softmax);
+  stream << ")";
+}
+
+// ---- Dropout -------------------------------------------------------------------------------
+
+inline DropoutImpl::DropoutImpl(const ::torch::nn::DropoutOptions& options, const store_options& s)
+    : ::torch::nn::DropoutImpl(options), store_layer(s) {
+}
+
+inline DropoutImpl::DropoutImpl(const ::torch::nn::DropoutImpl& other, const store_options& s)
+    : ::torch::nn::Module(other), ::torch::nn::DropoutImpl(other), store_layer(s) {
+}
+
+inline at::Tensor DropoutImpl::forward(at::Tensor input) {
+  if (!store_.dropout) return ::torch::nn::DropoutImpl::forward(std::move(input));
+  return dropit::torch::dropout(input, options.p(), is_training(), true);
+}
+
+inline std::shared_ptr<::torch::nn::Module> DropoutImpl::clone(
+    const c10::optional<c10::Device>&) const {
+  auto copy = std::make_shared<DropoutImpl>(options, store_);
+  copy->train(is_training());
+  return copy;
+}
+
+inline void DropoutImpl::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::Dropout(p=" << options.p()
+         << (options.inplace() ? ", inplace=true" : "")
+         << ", store=" << (store_.dropout ? "bits" : "off") << ")";
+}
+
+// ---- SoftmaxAttention ----------------------------------------------------------------------
+
+inline at::Tensor SoftmaxAttentionImpl::forward(const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v) {
+  const bool on = is_training();
+  return dropit::torch::attention(q, k, v, on ? store_.policy_for(store_.softmax) : policy{},
+                                  on ? store_.policy_for(store_.matmul) : policy{});
+}
+
+inline void SoftmaxAttentionImpl::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::SoftmaxAttention(softmax ";
+  print_store(stream, store_.softmax);
+  stream << ", matmul ";
+  print_store(stream, store_.matmul);
+  stream << ")";
+}
+
+}  // namespace dropit::torch

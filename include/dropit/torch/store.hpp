@@ -1,0 +1,110 @@
+/**
+ * @file store.hpp
+ * @brief Codec storage for the tensors DropIT leaves dense: LayerNorm's saved input, GELU's input,
+ * a softmax's output, the inputs of attention's two matmuls, and a dropout's noise as bits.
+ *
+ * DropIT sparsifies the inputs Linear and Conv layers save for their weight gradients; a
+ * transformer saves as much again in tensors whose backward needs them whole. These functions run
+ * LibTorch's own forward and backward kernels (`native_layer_norm[_backward]`,
+ * `gelu[_backward]`, `_softmax[_backward_data]`, `bmm`) but keep the saved tensor through a dense
+ * `Identity` pack with a value codec (`store_options::codec`: int8 or e4m3 with a scale per 1024
+ * values, codec.hpp), 4x smaller than fp32. With `value_codec::exact` the pack is a copy and the
+ * gradients are LibTorch's, bit for bit; a dropout's noise is always exact (1 bit per element and
+ * its one nonzero value).
+ *
+ * Each class is switched on separately (`store_options`); a class switched off, grad mode off or
+ * no gradient to compute runs LibTorch's plain op.
+ *
+ * @code
+ * dropit::torch::store_options s = dropit::torch::store_options::all();  // int8
+ * auto h = dropit::torch::layer_norm(x, {64}, w, b, 1e-5, s.policy_for(s.layernorm));
+ * auto o = dropit::torch::attention(q * scale, k, v, s.policy_for(s.softmax),
+ *                                   s.policy_for(s.matmul));
+ * @endcode
+ */
+#pragma once
+
+#include <dropit/torch/policy.hpp>
+
+#include <ATen/ATen.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dropit::torch {
+
+/// @brief Which classes of dense saved tensors are kept through a codec, and which codec.
+struct store_options {
+  /// How stored tensors keep their values: int8 (default), fp8 (e4m3) or exact (a copy).
+  value_codec codec = value_codec::int8;
+  bool layernorm = false;  ///< LayerNorm's saved input (its mean and 1/std stay exact)
+  bool gelu = false;       ///< GELU's saved input
+  bool softmax = false;    ///< a softmax's saved output (`softmax`, and inside `attention`)
+  bool matmul = false;     ///< attention's q, k and v (what its two matmuls save)
+  bool dropout = false;    ///< a dropout's noise as 1 bit per element (exact, any codec)
+
+  /// @brief Every class on, with codec c.
+  [[nodiscard]] static store_options all(value_codec c = value_codec::int8);
+  /**
+   * @brief Classes from a comma-separated list ("layernorm,softmax", "all", "" for none).
+   * @throw dropit::error for an unknown class name.
+   */
+  [[nodiscard]] static store_options parse(std::string_view classes,
+                                           value_codec c = value_codec::int8);
+  /// @brief Whether any class is on.
+  [[nodiscard]] bool any() const noexcept {
+    return layernorm || gelu || softmax || matmul || dropout;
+  }
+  /// @brief The pack of a class: a dense `identity` pack with `codec` when on, else `none`.
+  [[nodiscard]] policy policy_for(bool on) const noexcept {
+    return on ? policy{policy_kind::identity, 0.0, 0, codec} : policy{};
+  }
+};
+
+/// @brief The class names `store_options::parse` reads, comma-separated, of the classes on.
+[[nodiscard]] std::string to_string(const store_options& s);
+
+/**
+ * @brief `at::layer_norm` whose saved input is packed with `store` (an `identity` policy with a
+ * codec; `none`: LibTorch's plain op). Gradients of x, weight and bias from LibTorch's
+ * `native_layer_norm_backward` on the restored input.
+ * @throw dropit::error for a non-CPU tensor or a `mink`/`random` policy (layer inputs of
+ * normalisation are read whole by backward: only dense packs are allowed).
+ */
+[[nodiscard]] at::Tensor layer_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
+                                    const c10::optional<at::Tensor>& weight,
+                                    const c10::optional<at::Tensor>& bias, double eps,
+                                    const policy& store);
+
+/// @brief `at::gelu` whose saved input is packed with `store` (as `layer_norm`).
+[[nodiscard]] at::Tensor gelu(const at::Tensor& x, const policy& store,
+                              const std::string& approximate = "none");
+
+/// @brief `at::softmax` along `dim` whose saved output is packed with `store` (as `layer_norm`).
+[[nodiscard]] at::Tensor softmax(const at::Tensor& x, std::int64_t dim, const policy& store);
+
+/**
+ * @brief Attention's core, `softmax(q k^T) v` over the last two dimensions (scale q first), with
+ * the softmax output packed with `softmax_store` and q, k, v with `matmul_store`. The same batched
+ * matmuls as `at::matmul` on these shapes, so with exact packs the result and gradients are
+ * LibTorch's bit for bit.
+ * @param q [..., t, d] @param k [..., s, d] @param v [..., s, e], leading dimensions equal.
+ * @return [..., t, e]
+ * @throw dropit::error for mismatched shapes, a non-CPU tensor or a `mink`/`random` policy.
+ */
+[[nodiscard]] at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const policy& softmax_store, const policy& matmul_store);
+
+/**
+ * @brief `at::dropout`; with `bits` and in training its noise (0 or 1 / (1 - p), the same draws
+ * as LibTorch's CPU dropout) is saved as 1 bit per element, so the gradient is LibTorch's.
+ * @throw dropit::error if p is outside [0, 1].
+ */
+[[nodiscard]] at::Tensor dropout(const at::Tensor& x, double p, bool train, bool bits);
+
+}  // namespace dropit::torch
+
+#include <dropit/detail/torch/store.inl>

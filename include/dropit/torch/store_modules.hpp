@@ -1,0 +1,142 @@
+/**
+ * @file store_modules.hpp
+ * @brief Modules that keep the tensors DropIT leaves dense through a codec (store.hpp):
+ * `LayerNorm`, `GELU`, `Softmax`, `Dropout` (drop-in for LibTorch's, parameters shared when made
+ * from one) and `SoftmaxAttention` (`softmax(q k^T) v`, for attention code written by hand).
+ *
+ * Each holds `store_options` and uses its own class of them (LayerNorm: `layernorm`; attention:
+ * `softmax` and `matmul`; ...); all off by default, so a module behaves as LibTorch's until
+ * `set_store` or `to_dropit(..., convert_options{.store = ...})` switches its class on.
+ */
+#pragma once
+
+#include <dropit/torch/store.hpp>
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <ostream>
+
+namespace dropit::torch {
+
+/// @brief Base of the modules whose saved tensors `store_options` governs.
+class store_layer {
+ public:
+  virtual ~store_layer() = default;
+  /// @brief Sets the classes stored from the next forward on (each module reads its own).
+  void set_store(const store_options& s) noexcept { store_ = s; }
+  /// @brief The options in force.
+  [[nodiscard]] const store_options& get_store() const noexcept { return store_; }
+
+ protected:
+  explicit store_layer(const store_options& s) : store_(s) {}
+  store_layer(const store_layer&) = default;
+  store_layer& operator=(const store_layer&) = default;
+  /// Prints "store=<codec>" if `on`, else "store=off".
+  void print_store(std::ostream& out, bool on) const;
+
+  store_options store_;  ///< the options in force
+};
+
+/// @brief `torch::nn::LayerNorm` whose saved input follows `store_options::layernorm`.
+class LayerNormImpl : public ::torch::nn::LayerNormImpl, public store_layer {
+ public:
+  explicit LayerNormImpl(const ::torch::nn::LayerNormOptions& options, const store_options& s = {});
+  /// @brief Shares `other`'s parameters.
+  explicit LayerNormImpl(const ::torch::nn::LayerNormImpl& other, const store_options& s = {});
+
+  at::Tensor forward(const at::Tensor& input);
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/// @brief `torch::nn::GELU` whose saved input follows `store_options::gelu`.
+class GELUImpl : public ::torch::nn::GELUImpl, public store_layer {
+ public:
+  explicit GELUImpl(const ::torch::nn::GELUOptions& options = {}, const store_options& s = {});
+  explicit GELUImpl(const ::torch::nn::GELUImpl& other, const store_options& s = {});
+
+  at::Tensor forward(const at::Tensor& input);
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/// @brief `torch::nn::Softmax` whose saved output follows `store_options::softmax`.
+class SoftmaxImpl : public ::torch::nn::SoftmaxImpl, public store_layer {
+ public:
+  explicit SoftmaxImpl(const ::torch::nn::SoftmaxOptions& options, const store_options& s = {});
+  explicit SoftmaxImpl(const ::torch::nn::SoftmaxImpl& other, const store_options& s = {});
+
+  at::Tensor forward(const at::Tensor& input);
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/// @brief `torch::nn::Dropout` whose noise is saved as bits under `store_options::dropout`
+/// (out of place then, also with `inplace`; the same draws and gradient as LibTorch's).
+class DropoutImpl : public ::torch::nn::DropoutImpl, public store_layer {
+ public:
+  explicit DropoutImpl(const ::torch::nn::DropoutOptions& options = {},
+                       const store_options& s = {});
+  explicit DropoutImpl(const ::torch::nn::DropoutImpl& other, const store_options& s = {});
+
+  at::Tensor forward(at::Tensor input);
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/// @brief `softmax(q k^T) v` (store.hpp's `attention`) with the softmax output following
+/// `store_options::softmax` and q, k, v `store_options::matmul`. No parameters.
+class SoftmaxAttentionImpl : public ::torch::nn::Cloneable<SoftmaxAttentionImpl>,
+                             public store_layer {
+ public:
+  explicit SoftmaxAttentionImpl(const store_options& s = {}) : store_layer(s) {}
+
+  void reset() override {}
+  /// @brief q [..., t, d] (scaled), k [..., s, d], v [..., s, e] -> [..., t, e].
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/// @brief Holder of `LayerNormImpl`.
+class LayerNorm : public ::torch::nn::ModuleHolder<LayerNormImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<LayerNormImpl>::ModuleHolder;
+  using Impl = LayerNormImpl;  ///< the module type
+};
+/// @brief Holder of `GELUImpl`.
+class GELU : public ::torch::nn::ModuleHolder<GELUImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<GELUImpl>::ModuleHolder;
+  using Impl = GELUImpl;  ///< the module type
+};
+/// @brief Holder of `SoftmaxImpl`.
+class Softmax : public ::torch::nn::ModuleHolder<SoftmaxImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<SoftmaxImpl>::ModuleHolder;
+  using Impl = SoftmaxImpl;  ///< the module type
+};
+/// @brief Holder of `DropoutImpl`.
+class Dropout : public ::torch::nn::ModuleHolder<DropoutImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<DropoutImpl>::ModuleHolder;
+  using Impl = DropoutImpl;  ///< the module type
+};
+/// @brief Holder of `SoftmaxAttentionImpl`.
+class SoftmaxAttention : public ::torch::nn::ModuleHolder<SoftmaxAttentionImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<SoftmaxAttentionImpl>::ModuleHolder;
+  using Impl = SoftmaxAttentionImpl;  ///< the module type
+};
+
+}  // namespace dropit::torch
+
+#include <dropit/detail/torch/store_modules.inl>

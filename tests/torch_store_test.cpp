@@ -1,0 +1,293 @@
+// Codec storage of the tensors DropIT leaves dense (torch/store.hpp, store_modules.hpp), against
+// LibTorch: with the exact codec, outputs and gradients equal LibTorch's plain ops bit for bit;
+// with int8 / e4m3, the gradients equal LibTorch's own backward kernels run on the saved tensor as
+// codec_oracle.hpp encodes and decodes it; bytes held, module conversion and errors.
+#include <dropit/torch/convert.hpp>
+#include <dropit/torch/store_modules.hpp>
+
+#include "codec_oracle.hpp"
+#include "torch_test_support.hpp"
+#include <doctest/doctest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using namespace dropit_torch_test;
+namespace dt = dropit::torch;
+
+const torch_threads two_threads;
+
+dt::policy store_policy(dropit::value_codec c) {
+  return dt::store_options{c}.policy_for(true);
+}
+
+/// t as a codec stores it: row-major elements (t is made contiguous first), chunks of 1024,
+/// encoded and decoded by the oracle.
+torch::Tensor oracle_codec(const torch::Tensor& t, dropit::value_codec c) {
+  const auto flat = t.detach().contiguous().to(torch::kFloat).reshape({-1});
+  std::vector<float> v(flat.data_ptr<float>(), flat.data_ptr<float>() + flat.numel());
+  const bool fp8 = c == dropit::value_codec::fp8_e4m3;
+  const std::vector<float> back =
+      dropit_test::oracle_decode<float>(dropit_test::oracle_encode(v, fp8), fp8);
+  return torch::tensor(back).view(t.sizes()).to(t.scalar_type());
+}
+
+/// Every stored byte count: n one-byte codes + a float scale per 1024.
+std::size_t coded_bytes(std::int64_t n) {
+  return static_cast<std::size_t>(n + (n + 1023) / 1024 * 4);
+}
+
+const dropit::value_codec quantized_codecs[] = {dropit::value_codec::int8,
+                                                dropit::value_codec::fp8_e4m3};
+
+TEST_CASE("torch store: layer_norm keeps its input through the codec; exact gives LibTorch's") {
+  for (const bool affine : {true, false}) {
+    CAPTURE(affine);
+    torch::manual_seed(1);
+    const auto x0 = torch::randn({6, 9, 40}) * 3 + 1;
+    const auto w0 = torch::randn({40}), b0 = torch::randn({40});
+    const auto g = torch::randn({6, 9, 40});
+    auto run = [&](const dt::policy& p, torch::Tensor& gx, torch::Tensor& gw, torch::Tensor& gb) {
+      auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true),
+           b = b0.clone().requires_grad_(true);
+      auto y = dt::layer_norm(x, {40}, affine ? c10::optional<at::Tensor>(w) : c10::nullopt,
+                              affine ? c10::optional<at::Tensor>(b) : c10::nullopt, 1e-5, p);
+      y.backward(g);
+      gx = x.grad();
+      gw = w.grad();
+      gb = b.grad();
+      return y;
+    };
+    torch::Tensor gx0, gw0, gb0, gx, gw, gb;
+    const auto y0 = run(dt::policy{}, gx0, gw0, gb0);  // LibTorch's op
+    const auto y = run(store_policy(dropit::value_codec::exact), gx, gw, gb);
+    CHECK(torch::equal(y, y0));
+    CHECK(torch::equal(gx, gx0));
+    if (affine) {
+      CHECK(torch::equal(gw, gw0));
+      CHECK(torch::equal(gb, gb0));
+    }
+    for (const auto c : quantized_codecs) {
+      CAPTURE(c);
+      const auto yq = run(store_policy(c), gx, gw, gb);
+      CHECK(torch::equal(yq, y0));  // forward untouched
+      auto [unused, mean, rstd] = at::native_layer_norm(x0, {40}, w0, b0, 1e-5);
+      auto [ox, ow, ob] = at::native_layer_norm_backward(
+          g, oracle_codec(x0, c), {40}, mean, rstd,
+          affine ? c10::optional<at::Tensor>(w0) : c10::nullopt,
+          affine ? c10::optional<at::Tensor>(b0) : c10::nullopt, {true, affine, affine});
+      CHECK(torch::equal(gx, ox));
+      if (affine) {
+        CHECK(torch::equal(gw, ow));
+        CHECK(torch::equal(gb, ob));
+      }
+    }
+  }
+}
+
+TEST_CASE("torch store: gelu and softmax keep their saved tensor through the codec") {
+  torch::manual_seed(2);
+  const auto x0 = torch::randn({5, 7, 300}) * 2;
+  const auto g = torch::randn({5, 7, 300});
+  for (const std::string approximate : {"none", "tanh"}) {
+    auto x = x0.clone().requires_grad_(true);
+    auto y = dt::gelu(x, store_policy(dropit::value_codec::exact), approximate);
+    y.backward(g);
+    auto xr = x0.clone().requires_grad_(true);
+    auto yr = at::gelu(xr, approximate);
+    yr.backward(g);
+    CHECK(torch::equal(y, yr));
+    CHECK(torch::equal(x.grad(), xr.grad()));
+    for (const auto c : quantized_codecs) {
+      auto xq = x0.clone().requires_grad_(true);
+      dt::gelu(xq, store_policy(c), approximate).backward(g);
+      CHECK(torch::equal(xq.grad(), at::gelu_backward(g, oracle_codec(x0, c), approximate)));
+    }
+  }
+  for (const std::int64_t dim : {-1, 1, 0}) {
+    CAPTURE(dim);
+    auto x = x0.clone().requires_grad_(true);
+    auto y = dt::softmax(x, dim, store_policy(dropit::value_codec::exact));
+    y.backward(g);
+    auto xr = x0.clone().requires_grad_(true);
+    auto yr = torch::softmax(xr, dim);
+    yr.backward(g);
+    CHECK(torch::equal(y, yr));
+    CHECK(torch::equal(x.grad(), xr.grad()));
+    for (const auto c : quantized_codecs) {
+      auto xq = x0.clone().requires_grad_(true);
+      dt::softmax(xq, dim, store_policy(c)).backward(g);
+      const auto want = at::_softmax_backward_data(g, oracle_codec(yr.detach(), c),
+                                                   dim < 0 ? dim + 3 : dim, torch::kFloat);
+      CHECK(torch::equal(xq.grad(), want));
+    }
+  }
+}
+
+/// q, k, v as the examples' attention makes them: views of one qkv projection.
+struct qkv_views {
+  torch::Tensor qkv, q, k, v;
+  explicit qkv_views(const torch::Tensor& base) : qkv(base.clone().requires_grad_(true)) {
+    const auto parts = qkv.view({3, 16, 3, 4, 8}).permute({2, 0, 3, 1, 4});
+    q = parts[0] * (1.0 / std::sqrt(8.0));
+    k = parts[1];
+    v = parts[2];
+  }
+};
+
+TEST_CASE("torch store: attention is at::matmul's, with q, k, v and the softmax through codecs") {
+  torch::manual_seed(3);
+  const auto base = torch::randn({3, 16, 96});
+  const auto g = torch::randn({3, 4, 16, 8});
+  qkv_views r(base);
+  const auto yr = torch::matmul(torch::softmax(torch::matmul(r.q, r.k.transpose(-2, -1)), -1), r.v);
+  yr.backward(g);
+  const auto exact = store_policy(dropit::value_codec::exact);
+  for (const auto& [ps, pm] :
+       {std::pair{exact, exact}, std::pair{exact, dt::policy{}}, std::pair{dt::policy{}, exact}}) {
+    qkv_views a(base);
+    const auto y = dt::attention(a.q, a.k, a.v, ps, pm);
+    y.backward(g);
+    CHECK(torch::equal(y, yr));
+    CHECK(torch::equal(a.qkv.grad(), r.qkv.grad()));
+  }
+  // int8 / e4m3: LibTorch's backward formulas (BmmBackward0, SoftmaxBackward0) on the decoded
+  // tensors, each class alone and both.
+  const auto q3 = r.q.detach().reshape({-1, 16, 8});
+  const auto kt3 = r.k.detach().transpose(-2, -1).reshape({-1, 8, 16});
+  const auto v3 = r.v.detach().reshape({-1, 16, 8});
+  const auto att = torch::softmax(torch::bmm(q3, kt3), -1);
+  const auto g3 = g.reshape({-1, 16, 8});
+  for (const auto c : quantized_codecs) {
+    for (const bool soft : {true, false}) {
+      for (const bool mat : {true, false}) {
+        if (!soft && !mat) continue;
+        CAPTURE(c);
+        CAPTURE(soft);
+        CAPTURE(mat);
+        auto dec = [&](const torch::Tensor& t, bool on) { return on ? oracle_codec(t, c) : t; };
+        const auto a_ = dec(att, soft), q_ = dec(q3, mat), k_ = dec(kt3, mat), v_ = dec(v3, mat);
+        const auto gv = a_.transpose(1, 2).bmm(g3);
+        const auto gs =
+            at::_softmax_backward_data(g3.bmm(v_.transpose(1, 2)), a_, -1, torch::kFloat);
+        const auto gq = gs.bmm(k_.transpose(1, 2)) * (1.0 / std::sqrt(8.0));
+        const auto gk = q_.transpose(1, 2).bmm(gs).view({3, 4, 8, 16}).transpose(-2, -1);
+        // qkv's gradient from the three parts, as the views lay them out.
+        const auto want = torch::stack({gq.view({3, 4, 16, 8}), gk, gv.view({3, 4, 16, 8})})
+                              .permute({1, 3, 0, 2, 4})
+                              .reshape({3, 16, 96});
+        qkv_views a(base);
+        const auto before = dt::live_saved_bytes().sparse;
+        const auto y = dt::attention(a.q, a.k, a.v, soft ? store_policy(c) : dt::policy{},
+                                     mat ? store_policy(c) : dt::policy{});
+        CHECK(torch::equal(y, yr));
+        CHECK(dt::live_saved_bytes().sparse - before ==
+              (soft ? coded_bytes(att.numel()) : 0) + (mat ? 3 * coded_bytes(q3.numel()) : 0));
+        y.backward(g);
+        CHECK(rel_diff(a.qkv.grad(), want) < 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("torch store: dropout saves 1 bit per element and gives LibTorch's draws and gradient") {
+  for (const double p : {0.1, 0.5}) {
+    CAPTURE(p);
+    const auto x0 = torch::randn({7, 33, 9});
+    const auto g = torch::randn({7, 33, 9});
+    torch::manual_seed(4);
+    auto xr = x0.clone().requires_grad_(true);
+    const auto yr = torch::dropout(xr, p, true);
+    yr.backward(g);
+    torch::manual_seed(4);
+    auto x = x0.clone().requires_grad_(true);
+    const auto before = dt::live_saved_bytes().masks;
+    const auto y = dt::dropout(x, p, true, true);
+    CHECK(dt::live_saved_bytes().masks - before ==
+          static_cast<std::size_t>((x0.numel() + 31) / 32 * 4));
+    CHECK(torch::equal(y, yr));
+    y.backward(g);
+    CHECK(torch::equal(x.grad(), xr.grad()));
+  }
+  const auto x = torch::randn({4, 4}, torch::requires_grad());
+  CHECK(torch::equal(dt::dropout(x, 0.5, false, true), x));  // eval: identity
+  CHECK_THROWS_WITH_AS((void)dt::dropout(x, 1.5, true, true), doctest::Contains("p must be in"),
+                       dropit::error);
+}
+
+TEST_CASE("torch store: modules and to_dropit switch each class separately") {
+  namespace nn = torch::nn;
+  torch::manual_seed(5);
+  auto make = [] {
+    torch::manual_seed(6);
+    return nn::Sequential(nn::Linear(32, 64), nn::GELU(), nn::Dropout(0.2),
+                          nn::LayerNorm(nn::LayerNormOptions({64})), nn::Linear(64, 10),
+                          nn::Softmax(-1));
+  };
+  const auto x = torch::randn({12, 32});
+  auto plain = make(), exact = make(), stored = make();
+  dt::convert_options all;
+  all.store = dt::store_options::all(dropit::value_codec::exact);
+  const auto report = dt::to_dropit(*exact, dt::policy{}, all);
+  CHECK(report.replaced == 4);
+  CHECK(report.stored == 4);
+  CHECK(exact->ptr(1)->as<dt::GELUImpl>() != nullptr);
+  CHECK(exact->ptr(3)->as<dt::LayerNormImpl>() != nullptr);
+  CHECK(exact->ptr(3)->as<dt::LayerNormImpl>()->weight.is_same(
+            plain->ptr(3)->as<nn::LayerNormImpl>()->weight) == false);  // another model's parameter
+  // With the exact codec the gradients are LibTorch's, dropout draws included.
+  torch::manual_seed(7);
+  plain->forward(x).pow(2).sum().backward();
+  torch::manual_seed(7);
+  exact->forward(x).pow(2).sum().backward();
+  for (std::size_t i = 0; i < plain->parameters().size(); ++i)
+    CHECK(torch::equal(exact->parameters()[i].grad(), plain->parameters()[i].grad()));
+
+  // One class: only LayerNorm is replaced; an excluded path is left standard.
+  dt::convert_options ln;
+  ln.store = dt::store_options::parse("layernorm");
+  ln.exclude = [](const std::string& path, const nn::Module&) { return path == "1"; };
+  const auto r2 = dt::to_dropit(*stored, dt::policy{}, ln);
+  CHECK(r2.replaced == 1);
+  CHECK(stored->ptr(1)->as<dt::GELUImpl>() == nullptr);
+  CHECK(stored->ptr(2)->as<dt::DropoutImpl>() == nullptr);
+  const auto before = dt::live_saved_bytes();
+  const auto y = stored->forward(x);
+  CHECK(dt::live_saved_bytes().sparse - before.sparse == coded_bytes(12 * 64));
+  CHECK(dt::live_saved_bytes().masks == before.masks);
+  stored->eval();
+  const auto ye = stored->forward(x);  // eval: nothing packed
+  CHECK(dt::live_saved_bytes().sparse - before.sparse == coded_bytes(12 * 64));
+
+  std::ostringstream text;
+  text << *stored;
+  CHECK(text.str().find("dropit::torch::LayerNorm(normalized_shape=[64], eps=1e-05, store=int8)") !=
+        std::string::npos);
+  // A module made directly, cloned.
+  dt::SoftmaxAttention sa(
+      dt::store_options::parse("softmax,matmul", dropit::value_codec::fp8_e4m3));
+  auto copy = std::dynamic_pointer_cast<dt::SoftmaxAttentionImpl>(sa->clone());
+  REQUIRE(copy);
+  CHECK(copy->get_store().matmul);
+  CHECK(dt::to_string(copy->get_store()) == "softmax,matmul");
+}
+
+TEST_CASE("torch store: bad input is a dropit::error") {
+  const auto x = torch::randn({4, 8}, torch::requires_grad());
+  CHECK_THROWS_WITH_AS((void)dt::layer_norm(x, {8}, c10::nullopt, c10::nullopt, 1e-5,
+                                            make_policy(dt::policy_kind::mink)),
+                       doctest::Contains("identity policy with a codec"), dropit::error);
+  CHECK_THROWS_WITH_AS((void)dt::attention(torch::randn({2, 3, 4}), torch::randn({2, 5, 4}),
+                                           torch::randn({2, 6, 4}), dt::policy{}, dt::policy{}),
+                       doctest::Contains("shapes do not match"), dropit::error);
+  CHECK_THROWS_WITH_AS((void)dt::store_options::parse("layernorm,attention"),
+                       doctest::Contains("unknown class 'attention'"), dropit::error);
+  CHECK(dt::to_string(dt::store_options::parse("all")) == "layernorm,gelu,softmax,matmul,dropout");
+  CHECK_FALSE(dt::store_options::parse("").any());
+}
+
+}  // namespace
