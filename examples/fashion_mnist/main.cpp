@@ -3,6 +3,7 @@
 //
 //   fashion_mnist --model cnn|vit --policy none|mink|random --gamma G --epochs E --batch-size B
 //                 --limit N --seed S --csv FILE [--masks on|off] [--mlp gelu|relu] [--threads T]
+//                 [--codec exact|int8|fp8] [--store CLASSES|all] [--store-codec int8|fp8|exact]
 //                 [--data DIR] [--lr LR] [--exclude PATH]...
 //
 // Exit codes: 0 done (and the training loss fell), 1 the loss did not fall, 2 bad arguments,
@@ -46,6 +47,9 @@ struct options {
   long long chunk_kib = -1;  // -1: the library's default piece size
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::vector<std::string> exclude;  // module paths to leave dense ("0": the CNN's first conv)
+  std::string codec = "exact";       // how the kept values of Linear/Conv inputs are stored
+  std::string store;  // classes kept through store_codec ("layernorm,softmax", "all")
+  std::string store_codec = "int8";
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -53,7 +57,9 @@ struct options {
                "fashion_mnist: %s\nusage: fashion_mnist [--model cnn|vit] [--policy "
                "none|mink|random] [--gamma G] [--epochs E] [--batch-size B] [--limit N] [--seed S] "
                "[--csv FILE] [--masks on|off] [--mlp gelu|relu] [--threads T] [--lr LR] [--data "
-               "DIR] [--exclude PATH]...\n",
+               "DIR] [--exclude PATH]... [--codec exact|int8|fp8] "
+               "[--store layernorm,gelu,softmax,matmul,dropout|all] "
+               "[--store-codec int8|fp8|exact]\n",
                why.c_str());
   std::exit(2);
 }
@@ -101,6 +107,12 @@ options parse(int argc, char** argv) {
         o.data = value();
       } else if (a == "--exclude") {
         o.exclude.push_back(value());
+      } else if (a == "--codec") {
+        o.codec = value();
+      } else if (a == "--store") {
+        o.store = value();
+      } else if (a == "--store-codec") {
+        o.store_codec = value();
       } else if (a == "--help" || a == "-h") {
         usage("help");
       } else {
@@ -179,8 +191,11 @@ std::string today() {
 int main(int argc, char** argv) {
   const options opt = parse(argc, argv);
   dt::policy policy;
+  dt::store_options store;
   try {
     policy = dt::policy::parse(opt.policy, opt.policy == "none" ? 0.0 : opt.gamma, opt.seed);
+    policy.codec = dt::parse_codec(opt.codec);
+    store = dt::store_options::parse(opt.store, dt::parse_codec(opt.store_codec));
   } catch (const dropit::error& e) {
     usage(e.what());
   }
@@ -215,6 +230,7 @@ int main(int argc, char** argv) {
     dt::convert_options co;
     co.masks = opt.masks;
     co.exclude = excluded;
+    co.store = store;
     report = dt::to_dropit(*cnn, policy, co);
     net = cnn.ptr();
     fwd = [cnn](torch::Tensor x) mutable { return cnn->forward(x); };
@@ -223,6 +239,7 @@ int main(int argc, char** argv) {
     dt::convert_options co;
     co.masks = opt.masks;
     co.exclude = excluded;
+    co.store = store;
     report = dt::to_dropit(*vit, policy, co);
     if (!opt.masks) {
       for (auto& m : vit->modules()) {
@@ -248,6 +265,8 @@ int main(int argc, char** argv) {
   if (policy.kind == dt::policy_kind::mink || policy.kind == dt::policy_kind::random) {
     std::printf(" (gamma %.2f)", opt.gamma);
   }
+  if (policy.active() && policy.codec != dropit::value_codec::exact)
+    std::printf(", kept values %s", opt.codec.c_str());
   std::printf(
       ", masks %s, %lld training samples, batch %lld, %d epochs, %d threads, %zu dropit "
       "layers (%zu replaced)\n",
@@ -255,6 +274,10 @@ int main(int argc, char** argv) {
       static_cast<long long>(opt.batch), opt.epochs, opt.threads, report.switched, report.replaced);
   if (!opt.exclude.empty())
     std::printf("  excluded (dense saved input): %s\n", joined(opt.exclude).c_str());
+  if (store.any()) {
+    std::printf("  stored as %s: %s (%zu modules)\n", dt::to_string(store.codec).c_str(),
+                dt::to_string(store).c_str(), report.stored);
+  }
 
   progress bar(isatty(2) != 0);
   std::size_t max_activation = 0, max_peak = 0, max_held = 0, max_saved = 0;
@@ -352,8 +375,15 @@ int main(int argc, char** argv) {
              "dropit_sparse_bytes,dropit_mask_bytes,step_ms,epoch_s,first_loss,last_loss,"
              "step_ms_median,exclude\n";
     }
-    csv << today() << ',' << opt.model << ',' << opt.policy << ','
-        << (policy.active() ? opt.gamma : 0.0) << ','
+    // --store goes into the policy field ("mink+store:layernorm;softmax:int8"): the columns of
+    // earlier result files stay as they were.
+    std::string stored = dt::to_string(store);
+    std::replace(stored.begin(), stored.end(), ',', ';');
+    csv << today() << ',' << opt.model << ',' << opt.policy
+        << (policy.active() && policy.codec != dropit::value_codec::exact ? "+" + opt.codec
+                                                                          : std::string())
+        << (store.any() ? "+store:" + stored + ":" + dt::to_string(store.codec) : std::string())
+        << ',' << (policy.active() ? opt.gamma : 0.0) << ','
         << (opt.masks && policy.active() ? "on" : "off") << ','
         << (opt.model == "vit" ? (opt.relu_mlp ? "relu" : "gelu") : "-") << ',' << opt.seed << ','
         << opt.epochs << ',' << opt.batch << ',' << n << ',' << opt.threads << ',' << accuracy

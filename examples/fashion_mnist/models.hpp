@@ -35,16 +35,20 @@ inline torch::nn::Sequential make_cnn(std::int64_t c1 = 16, std::int64_t c2 = 32
 /// uses a dropit ReLU (a 1-bit mask instead of LibTorch's dense saved output); `inplace_relu`
 /// lets it overwrite fc1's output. LibTorch's own relu_ on that output costs more than its
 /// out-of-place relu (autograd's in-place-on-view machinery), so the baseline runs out of place.
+/// Its LayerNorms, GELU and softmax(q k^T) v are dropit's store modules: LibTorch's ops until
+/// `to_dropit`'s `store` options switch their classes on.
 struct BlockImpl : torch::nn::Module {
   BlockImpl(std::int64_t dim, std::int64_t heads, std::int64_t mlp, bool relu_mlp,
             bool inplace_relu)
       : heads(heads), relu_mlp(relu_mlp) {
-    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+    ln1 = register_module("ln1", dt::LayerNorm(torch::nn::LayerNormOptions({dim})));
     qkv = register_module("qkv", dt::Linear(dim, 3 * dim));
+    attn = register_module("attn", dt::SoftmaxAttention());
     proj = register_module("proj", dt::Linear(dim, dim));
-    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+    ln2 = register_module("ln2", dt::LayerNorm(torch::nn::LayerNormOptions({dim})));
     fc1 = register_module("fc1", dt::Linear(dim, mlp));
     act = register_module("act", dt::ReLU(torch::nn::ReLUOptions().inplace(inplace_relu)));
+    gelu = register_module("gelu", dt::GELU());
     fc2 = register_module("fc2", dt::Linear(mlp, dim));
   }
 
@@ -54,14 +58,14 @@ struct BlockImpl : torch::nn::Module {
     const std::int64_t b = h.size(0), t = h.size(1), d = h.size(2), dh = d / heads;
     const auto q_k_v = qkv(h).view({b, t, 3, heads, dh}).permute({2, 0, 3, 1, 4});
     // Scaling q (a contiguous copy matmul can use as is) costs less than scaling the scores.
-    const auto att = torch::softmax(
-        torch::matmul(q_k_v[0] * (1.0 / std::sqrt(double(dh))), q_k_v[1].transpose(-2, -1)), -1);
-    return torch::matmul(att, q_k_v[2]).transpose(1, 2).reshape({b, t, d});
+    return attn(q_k_v[0] * (1.0 / std::sqrt(double(dh))), q_k_v[1], q_k_v[2])
+        .transpose(1, 2)
+        .reshape({b, t, d});
   }
 
   torch::Tensor mlp(const torch::Tensor& h) {
     auto hidden = fc1(h);
-    hidden = relu_mlp ? act(hidden) : torch::gelu(hidden);
+    hidden = relu_mlp ? act(hidden) : gelu(hidden);
     return fc2(hidden);
   }
 
@@ -72,9 +76,11 @@ struct BlockImpl : torch::nn::Module {
 
   std::int64_t heads;
   bool relu_mlp;
-  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  dt::LayerNorm ln1{nullptr}, ln2{nullptr};
   dt::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
+  dt::SoftmaxAttention attn{nullptr};
   dt::ReLU act{nullptr};
+  dt::GELU gelu{nullptr};
 };
 TORCH_MODULE(Block);
 
@@ -89,7 +95,7 @@ struct ViTImpl : torch::nn::Module {
     for (std::int64_t i = 0; i < depth; ++i) {
       blocks->push_back(Block(dim, heads, mlp, relu_mlp, inplace_relu));
     }
-    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+    ln = register_module("ln", dt::LayerNorm(torch::nn::LayerNormOptions({dim})));
     head = register_module("head", dt::Linear(dim, 10));
   }
 
@@ -103,7 +109,7 @@ struct ViTImpl : torch::nn::Module {
   dt::Conv2d patch{nullptr};
   torch::Tensor pos;
   torch::nn::ModuleList blocks{nullptr};
-  torch::nn::LayerNorm ln{nullptr};
+  dt::LayerNorm ln{nullptr};
   dt::Linear head{nullptr};
 };
 TORCH_MODULE(ViT);
