@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """One training step of the Fashion-MNIST CNN and ViT in PyTorch from Python: plain, with dropit
-(``dropit.to_dropit``, MinK), with DropIT's method in plain PyTorch (``--impl reference`` of the
+(``dropit.to_dropit``, MinK; also with ``store="all"``: the LayerNorm inputs, softmax outputs
+and attention matmul inputs in int8), with DropIT's method in plain PyTorch (``--impl reference`` of the
 example), and a "hook floor", measured in ONE interleaved run so that the shared machine's slow
 stretches fall on every configuration alike.
 
@@ -95,6 +96,8 @@ def configurations(model, gamma):
     dropit.to_dropit(converted, "mink", gamma)
     bitmask = copy.deepcopy(base)
     dropit.to_dropit(bitmask, "mink", gamma, positions="no_elias_fano")
+    stored = copy.deepcopy(base)
+    dropit.to_dropit(stored, "mink", gamma, store="all", store_codec="int8")
     excluded = copy.deepcopy(base)
     dropit.to_dropit(excluded, "mink", gamma, exclude=fmnist.REFERENCE_EXCLUDE[model])
     reference = copy.deepcopy(base)
@@ -102,6 +105,7 @@ def configurations(model, gamma):
     floor = copy.deepcopy(base)
     hook_floor(floor)
     return [("none", plain), ("dropit", converted), ("dropit-no-ef", bitmask),
+            ("dropit-store", stored),
             ("dropit-excl", excluded), ("reference", reference), ("floor", floor)]
 
 
@@ -169,6 +173,8 @@ def markdown(rows, a, command):
     ]
     names = {"none": "plain PyTorch", "dropit": "dropit (every layer)",
              "dropit-no-ef": "dropit (every layer), positions without Elias-Fano",
+             "dropit-store": "dropit (every layer) + store=\"all\", int8 (LayerNorm, softmax, "
+                             "attention matmul inputs)",
              "dropit-excl": "dropit (first layer and head dense)",
              "reference": "DropIT's method in PyTorch (topk, int32)",
              "floor": "hook floor: Linear/Conv inputs read once, restored as zeros (trains nothing)"}

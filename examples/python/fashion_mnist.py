@@ -5,6 +5,7 @@ reports MEASURED memory (dropit's counting CPU allocator), accuracy and step tim
 
     fashion_mnist.py --model cnn|vit --impl none|dropit|reference --policy mink|random --gamma G
                      --epochs E --batch-size B --limit N --seed S --csv FILE [--masks on|off]
+                     [--store layernorm|gelu|softmax|matmul|dropout|all ... --store-codec int8|fp8]
                      [--threads T] [--exclude NAME]... [--reference-exclude] [--data DIR]
 
 Exit codes: 0 done (and the training loss fell), 1 the loss did not fall, 2 bad arguments,
@@ -60,6 +61,11 @@ def parse(argv):
                    help="a module left as PyTorch runs it, by name (e.g. 0, patch, head)")
     p.add_argument("--reference-exclude", action="store_true",
                    help="DropIT's own exclusions: the first layer and the classifier head dense")
+    p.add_argument("--store", action="append", default=[],
+                   choices=list(dropit.STORE_CLASSES) + ["all"],
+                   help="a class of the tensors DropIT leaves dense to keep through --store-codec "
+                        "(dropout: as bits); repeat for more")
+    p.add_argument("--store-codec", choices=["int8", "fp8", "exact"], default="int8")
     p.add_argument("--data", default=fmnist.DATA_DIR)
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
@@ -68,6 +74,14 @@ def parse(argv):
     if a.impl == "reference" and a.policy != "mink":
         p.error("--impl reference implements DropIT's min-k only")
     return a
+
+
+def store_suffix(a):
+    """' + store:CLASSES:CODEC' when --store is given (dropit only), else ''."""
+    if a.impl != "dropit" or not a.store:
+        return ""
+    classes = "all" if "all" in a.store else ";".join(a.store)
+    return f" + store:{classes}:{a.store_codec}"
 
 
 def mib(b):
@@ -87,11 +101,15 @@ def evaluate(net, images, labels, batch=1000):
 def convert(net, a):
     """Applies --impl to the model; returns a line saying what was done."""
     if a.impl == "dropit":
+        store = dropit.STORE_CLASSES if "all" in a.store else tuple(a.store)
         handle = dropit.to_dropit(net, a.policy, a.gamma, exclude=a.exclude, masks=a.masks == "on",
-                                  seed=a.seed)
+                                  seed=a.seed, store=store, store_codec=a.store_codec)
         kinds = [k for _, k in handle.layers]
+        stored = (f"; {', '.join(store)} stored as {a.store_codec} "
+                  f"({len(kinds) - sum(map(kinds.count, ('weight', 'relu', 'pool')))} modules)"
+                  if store else "")
         return (f"dropit: {kinds.count('weight')} Linear/Conv layers, {kinds.count('relu')} ReLU "
-                f"and {kinds.count('pool')} MaxPool2d hooked")
+                f"and {kinds.count('pool')} MaxPool2d hooked{stored}")
     if a.impl == "reference":
         names = {n for n, _ in net.named_modules()}
         unknown = [e for e in a.exclude if e not in names]
@@ -122,7 +140,7 @@ def main(argv=None):
     n = len(train_x)
     steps_per_epoch = math.ceil(n / a.batch_size)
     total_steps = steps_per_epoch * a.epochs
-    policy = "-" if a.impl == "none" else f"{a.policy} {a.gamma}"
+    policy = "-" if a.impl == "none" else f"{a.policy} {a.gamma}{store_suffix(a)}"
     print(f"fashion_mnist.py: model {a.model}, {a.impl} ({policy}), masks {a.masks}, {n} training "
           f"samples, batch {a.batch_size}, {a.epochs} epochs, {a.threads} threads; {what}")
     if a.exclude:
@@ -200,7 +218,8 @@ def main(argv=None):
                 f.write(CSV_HEADER)
             f.write(",".join(str(v) for v in [
                 datetime.date.today().isoformat(), a.model, a.impl,
-                "-" if a.impl == "none" else a.policy, 0 if a.impl == "none" else a.gamma,
+                "-" if a.impl == "none" else a.policy + store_suffix(a).replace(" ", ""),
+                0 if a.impl == "none" else a.gamma,
                 a.masks if a.impl == "dropit" else "off", ";".join(a.exclude) or "-", a.seed,
                 a.epochs, a.batch_size, n, a.threads, f"{accuracy:.2f}", max_activation, max_saved,
                 max_sparse, max_masks, f"{median_ms:.3f}", f"{epoch_s:.2f}", f"{first_loss:.5f}",

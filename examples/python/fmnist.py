@@ -69,29 +69,38 @@ def make_cnn(c1=16, c2=32, hidden=128):
     )
 
 
+class Attention(nn.Module):
+    """Multi-head self-attention: qkv Linear, softmax(q k^T / sqrt(dh)) v, proj Linear. A module
+    of its own (named like timm's and Hugging Face's) so that to_dropit(store=...) finds it."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, h):
+        b, t, d = h.shape
+        dh = d // self.heads
+        q, k, v = self.qkv(h).view(b, t, 3, self.heads, dh).permute(2, 0, 3, 1, 4)
+        att = torch.softmax((q * (1.0 / math.sqrt(dh))) @ k.transpose(-2, -1), dim=-1)
+        return self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: attention (qkv and proj Linear) and a ReLU MLP."""
 
     def __init__(self, dim, heads, mlp):
         super().__init__()
-        self.heads = heads
         self.ln1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
+        self.attn = Attention(dim, heads)
         self.ln2 = nn.LayerNorm(dim)
         self.fc1 = nn.Linear(dim, mlp)
         self.act = nn.ReLU()
         self.fc2 = nn.Linear(mlp, dim)
 
-    def attention(self, h):
-        b, t, d = h.shape
-        dh = d // self.heads
-        q, k, v = self.qkv(h).view(b, t, 3, self.heads, dh).permute(2, 0, 3, 1, 4)
-        att = torch.softmax((q * (1.0 / math.sqrt(dh))) @ k.transpose(-2, -1), dim=-1)
-        return (att @ v).transpose(1, 2).reshape(b, t, d)
-
     def forward(self, x):
-        x = x + self.proj(self.attention(self.ln1(x)))
+        x = x + self.attn(self.ln1(x))
         return x + self.fc2(self.act(self.fc1(self.ln2(x))))
 
 

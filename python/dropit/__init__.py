@@ -14,7 +14,7 @@ from collections import namedtuple
 
 from . import _C
 from ._C import Error, MemoryCounter, Packed
-from ._hooks import Handle, saved_tensors, to_dropit
+from ._hooks import STORE_CLASSES, Handle, saved_tensors, to_dropit
 
 __all__ = [
     "Error",
@@ -24,6 +24,7 @@ __all__ = [
     "Packed",
     "Policy",
     "Random",
+    "STORE_CLASSES",
     "SavedBytes",
     "live_saved_bytes",
     "memory_counter",

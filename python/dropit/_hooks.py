@@ -11,6 +11,18 @@ pack hook hands dropit's C++ library only the tensors it must:
 * ReLU: its saved output becomes a 1-bit mask.
 * MaxPool2d: its int64 indices become window positions, and its saved input (read by backward
   for its shape only) a shape; so does the input a Conv2d's padding mode pads.
+
+With ``store=`` the tensors DropIT leaves dense are kept through a value codec (a dense
+``Identity`` pack with ``store_codec``), each class on its own:
+
+* "layernorm": an ``nn.LayerNorm``'s saved input (its mean and 1/std stay as they are);
+* "gelu": an ``nn.GELU``'s saved input;
+* "softmax": an ``nn.Softmax``'s saved output, and the softmax outputs saved inside an attention
+  module (``nn.MultiheadAttention``, or any module whose class name ends in "Attention");
+* "matmul": every other activation an attention module saves (the matmuls' inputs: q, k, v and
+  what multiplies v), Linear/Conv layers with their own hooks excepted;
+* "dropout": an ``nn.Dropout``'s saved noise (0 or 1 / (1 - p)) as 1 bit per element, exact.
+
 Everything else passes through unchanged.
 """
 import sys
@@ -106,13 +118,51 @@ def _same_data(t, x):
     return base is not None and (base is x or base is x._base)
 
 
+# The classes of tensors ``store=`` can keep through a codec.
+STORE_CLASSES = ("layernorm", "gelu", "softmax", "matmul", "dropout")
+
+# Autograd nodes through which a tensor is the same data in another shape.
+_RESHAPE_NODES = _VIEW_NODES | frozenset(["ReshapeAliasBackward0", "CloneBackward0"])
+
+
+def _is_softmax_output(t):
+    """t is a softmax's output, or a view of one (as a batched matmul saves it)."""
+    node = t.grad_fn
+    for _ in range(4):
+        if node is None:
+            return False
+        name = type(node).__name__
+        if name == "SoftmaxBackward0":
+            return True
+        if name not in _RESHAPE_NODES or not node.next_functions:
+            return False
+        node = node.next_functions[0][0]
+    return False
+
+
+class _Restored:
+    """A view of a tensor packed earlier in the same scope (a batched matmul saving a view of the
+    softmax output the softmax saved): one payload, the view rebuilt from its restore."""
+
+    __slots__ = ("base", "size", "stride", "offset")
+
+    def __init__(self, base, t, base_offset):
+        self.base, self.size, self.stride = base, t.size(), t.stride()
+        self.offset = t.storage_offset() - base_offset
+
+    def restore(self):
+        return self.base.restore().as_strided(self.size, self.stride, self.offset)
+
+
 class _Layer:
     """A layer to_dropit selected: what it packs and with which policy."""
 
-    __slots__ = ("name", "kind", "policy", "index", "step", "pool", "pad_mode", "__weakref__")
+    __slots__ = ("name", "kind", "policy", "store", "index", "step", "pool", "pad_mode",
+                 "__weakref__")
 
-    def __init__(self, name, kind, policy, index, module):
+    def __init__(self, name, kind, policy, index, module, store=frozenset()):
         self.name, self.kind, self.policy, self.index, self.step = name, kind, policy, index, 0
+        self.store = store
         self.pool = None
         self.pad_mode = getattr(module, "padding_mode", "zeros")
         if kind == "pool":
@@ -139,14 +189,17 @@ class _Layer:
 class _Scope:
     """One forward of one layer: the pack hook and what it needs to know about the input."""
 
-    __slots__ = ("layer", "frame", "x", "x_requires_grad", "policy", "__weakref__")
+    __slots__ = ("layer", "frame", "x", "x_requires_grad", "policy", "memo", "__weakref__")
 
     def __init__(self, layer, frame, x):
         self.layer, self.frame = layer, frame
         # Weak: the pack hook lives as long as the graph; the input must not.
         self.x = weakref.ref(x) if isinstance(x, torch.Tensor) else None
         self.x_requires_grad = isinstance(x, torch.Tensor) and x.requires_grad
-        self.policy = layer.step_policy() if layer.kind == "weight" else None
+        self.policy = layer.step_policy() if layer.kind == "weight" else layer.policy
+        # attention: id(tensor) -> (tensor, pack) of the dense tensors packed in this forward, so
+        # that a tensor saved twice (or a view of it) is held once. Emptied when the forward ends.
+        self.memo = {} if layer.kind == "attention" else None
 
     def live(self):
         """Whether this layer's forward is still running on this thread (it is not after an
@@ -173,6 +226,8 @@ class _Scope:
                     return _ShapeOnly(t)
                 return _C._pack_saved(t, self.policy)
             return t
+        if kind in _STORE_KINDS:
+            return self._pack_stored(t, x, kind)
         if x is None:
             return t
         if kind == "relu":
@@ -185,6 +240,48 @@ class _Scope:
         if _same_data(t, x):
             return _ShapeOnly(t)
         return t
+
+    def _pack_stored(self, t, x, kind):
+        """The store= classes: a dense pack with the store codec, or a dropout's bits."""
+        if kind == "pass" or not t.is_floating_point() or t.dim() == 0 or _is_parameter_like(t):
+            return t
+        if kind == "layernorm" or kind == "gelu":
+            return _C._pack_saved(t, self.policy) if x is not None and _same_data(t, x) else t
+        if kind == "softmax":
+            return _C._pack_saved(t, self.policy) if _is_softmax_output(t) else t
+        if kind == "dropout":
+            return self._pack_noise(t, x)
+        # attention
+        store = self.layer.store
+        if t.grad_fn is None and not t.requires_grad and "dropout" in store:
+            noise = self._pack_noise(t, x)
+            if noise is not t:
+                return noise
+        cls = "softmax" if _is_softmax_output(t) else "matmul"
+        if cls not in store:
+            return t
+        memo = self.memo
+        hit = memo.get(id(t))
+        if hit is not None and hit[0] is t:
+            return hit[1]
+        base = t._base
+        if base is not None:
+            hit = memo.get(id(base))
+            if hit is not None and hit[0] is base:
+                return _Restored(hit[1], t, base.storage_offset())
+        packed = _C._pack_saved(t, self.policy)
+        if t.is_contiguous():  # its restore has t's layout: views of it can be rebuilt
+            memo[id(t)] = (t, packed)
+        return packed
+
+    @staticmethod
+    def _pack_noise(t, x):
+        if x is not None and _same_data(t, x):
+            return t
+        try:
+            return _C._pack_dropout(t)
+        except _C.Error:  # not a dropout's noise (e.g. an AlphaDropout's tensors): as it is
+            return t
 
     def _is_input(self, t, x):
         if not t.is_floating_point() or _is_parameter_like(t):
@@ -245,6 +342,7 @@ def _post_hook(layer):
         if stack and stack[-1].layer is layer and stack[-1].frame is caller:
             scope = stack.pop()
             scope.frame = None  # the frame holds the forward's locals: let them go
+            scope.memo = None
             _pop_hooks()
         return None
 
@@ -257,14 +355,49 @@ def _is_conv1d(module):
     return any(c.__name__ == "Conv1D" for c in type(module).__mro__) and hasattr(module, "nf")
 
 
-def _kind(module, masks):
+_STORE_KINDS = frozenset(["layernorm", "gelu", "softmax", "dropout", "attention", "pass"])
+_DROPOUTS = tuple(
+    c for c in (nn.Dropout, getattr(nn, "Dropout1d", None), nn.Dropout2d, nn.Dropout3d) if c
+)
+
+
+def _is_attention(module):
+    return isinstance(module, nn.MultiheadAttention) or type(module).__name__.endswith("Attention")
+
+
+def _kind(module, masks, store=frozenset()):
     if isinstance(module, (nn.Linear, nn.Conv2d)) or _is_conv1d(module):
         return "weight"
     if masks and isinstance(module, nn.ReLU):
         return "relu"
     if masks and isinstance(module, nn.MaxPool2d):
         return "pool"
+    if not store:
+        return None
+    if "layernorm" in store and isinstance(module, nn.LayerNorm):
+        return "layernorm"
+    if "gelu" in store and isinstance(module, nn.GELU):
+        return "gelu"
+    if "softmax" in store and isinstance(module, nn.Softmax):
+        return "softmax"
+    if "dropout" in store and isinstance(module, _DROPOUTS):
+        return "dropout"
+    if ("softmax" in store or "matmul" in store) and _is_attention(module):
+        return "attention"
     return None
+
+
+def _store_classes(store):
+    if isinstance(store, str):
+        store = STORE_CLASSES if store == "all" else (store,)
+    store = tuple(store)
+    unknown = [c for c in store if c not in STORE_CLASSES]
+    if unknown:
+        raise _C.Error(
+            f"dropit: to_dropit: store names no class of tensors: {', '.join(map(repr, unknown))}"
+            f" (choose from {', '.join(STORE_CLASSES)}, or 'all')"
+        )
+    return frozenset(store)
 
 
 class Handle:
@@ -278,7 +411,9 @@ class Handle:
 
     @property
     def layers(self):
-        """``[(name, kind), ...]`` of the hooked layers; kind is "weight", "relu" or "pool"."""
+        """``[(name, kind), ...]`` of the hooked layers; kind is "weight", "relu", "pool", or with
+        ``store=``: "layernorm", "gelu", "softmax", "dropout", "attention", "pass" (a layer left
+        dense inside an attention module)."""
         return [(layer.name, layer.kind) for layer in self._layers]
 
     def remove(self):
@@ -309,7 +444,7 @@ class Handle:
 
 
 def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0, codec="exact",
-              positions="smallest"):
+              positions="smallest", store=(), store_codec="int8"):
     """Makes ``model``'s layers save less for backward, without replacing any module.
 
     Args:
@@ -327,18 +462,26 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
         positions: how the kept positions are stored: ``"smallest"`` (bitmask, Elias-Fano code
             or index list, whichever is smallest: the C++ format.hpp) or ``"no_elias_fano"`` (a
             faster pack and restore, more bytes at high gamma).
+        store: classes of the tensors DropIT leaves dense to keep through ``store_codec``:
+            any of ``"layernorm"``, ``"gelu"``, ``"softmax"``, ``"matmul"`` (attention modules'
+            matmul inputs), ``"dropout"`` (1 bit per element, exact), or ``"all"``. See the
+            module's docstring for which module saves which.
+        store_codec: ``"int8"``, ``"fp8"`` or ``"exact"`` (a dense copy: gradients as PyTorch's).
 
     Returns:
         a ``Handle``; ``handle.remove()`` undoes it.
 
     Raises:
-        dropit.Error: bad strategy, gamma, codec or positions, an excluded name that is no module of the model, or a
-        model already converted. Nothing is registered then.
+        dropit.Error: bad strategy, gamma, codec, positions, store class or store codec, an
+        excluded name that is no module of the model, or a model already converted. Nothing is
+        registered then.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"dropit: to_dropit: model must be an nn.Module, got {type(model).__name__}")
     # checks strategy, gamma, codec and positions
     policy = _C.Policy(str(strategy), float(gamma), int(seed), str(codec), str(positions))
+    store = _store_classes(store)
+    store_policy = _C.Policy("identity", 0.0, 0, str(store_codec))  # checks the codec
     if isinstance(exclude, str):
         exclude = (exclude,)
     exclude = tuple(exclude)
@@ -354,13 +497,23 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
     def excluded(name):
         return any(name == e or name.startswith(e + ".") or e == "" for e in exclude)
 
-    selected = []
+    selected, attention = [], []
+
+    def under_attention(name):
+        return any(a == "" or name.startswith(a + ".") for a in attention)
+
     for name, module in named:
-        kind = _kind(module, masks)
-        if kind is None or excluded(name):
+        kind = _kind(module, masks, store)
+        if kind is None:
             continue
-        if kind == "weight" and policy.kind == "none":
-            continue
+        if excluded(name) or (kind == "weight" and policy.kind == "none"):
+            # Left as PyTorch runs it; inside an attention module that packs its saved tensors,
+            # that takes a scope that packs nothing.
+            if not under_attention(name):
+                continue
+            kind = "pass"
+        if kind == "attention":
+            attention.append(name)
         if module in _registered:
             raise _C.Error(
                 f"dropit: to_dropit: module '{name}' already has dropit hooks "
@@ -372,7 +525,10 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
     handle = Handle(policy, layers, hooks)
     try:
         for index, (name, module, kind) in enumerate(selected):
-            layer = _Layer(name, kind, policy, index, module)
+            if kind in _STORE_KINDS:
+                layer = _Layer(name, kind, store_policy, index, module, store)
+            else:
+                layer = _Layer(name, kind, policy, index, module)
             hooks.append(module.register_forward_pre_hook(_pre_hook(layer)))
             hooks.append(module.register_forward_hook(_post_hook(layer)))
             layers.append(layer)

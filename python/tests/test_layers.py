@@ -476,7 +476,7 @@ def test_exclude_and_remove():
     names = [n for n, _ in handle.layers]
     assert "patch" not in names and "head" not in names
     assert not any(n.startswith("blocks.1.") for n in names)
-    assert "blocks.0.qkv" in names and "blocks.2.act" in names
+    assert "blocks.0.attn.qkv" in names and "blocks.2.act" in names
     assert hook_count(net) == 2 * len(handle)
     handle.remove()
     assert hook_count(net) == 0
