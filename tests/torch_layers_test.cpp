@@ -367,7 +367,7 @@ TEST_CASE("torch: a range restore equals the slice of a whole restore, for every
 
 // ---- plain paths, lifetime -------------------------------------------------------------------
 
-TEST_CASE("torch: eval mode, no-grad, policy none and opt-out run the plain op and save nothing") {
+TEST_CASE("torch: eval mode, no-grad and policy none run the plain op and save nothing") {
   torch::manual_seed(12);
   auto x = torch::randn({4, 8});
   dt::Linear layer(8, 3, make_policy(dt::policy_kind::mink));
@@ -389,9 +389,25 @@ TEST_CASE("torch: eval mode, no-grad, policy none and opt-out run the plain op a
     torch::NoGradGuard no_grad;
     check_plain(layer(x));
   }
+  // Opted out: the input itself is kept (nothing packed, no copy) and backward still runs
+  // dropit's (in pieces); the output is LibTorch's, the gradients equal LibTorch's.
   layer->exclude();
-  check_plain(layer(x));
+  {
+    auto xg = x.clone().requires_grad_(true);
+    const auto y = layer(xg);
+    CHECK(torch::equal(y, plain(x)));
+    CHECK(dt::live_saved_bytes().total() == before);
+    CHECK(y.grad_fn()->name().find("linear_fn") != std::string::npos);  // dropit's backward
+    y.sum().backward();
+    auto xp = x.clone().requires_grad_(true);
+    plain->zero_grad();
+    plain(xp).sum().backward();
+    CHECK(rel_diff(layer->weight.grad(), plain->weight.grad()) < 1e-6);
+    CHECK(torch::equal(xg.grad(), xp.grad()));
+    layer->zero_grad();
+  }
   CHECK(layer->steps() == 0);
+  CHECK(dt::live_saved_bytes().total() == before);
   layer->exclude(false);
   layer->set_policy({});
   check_plain(layer(x));
@@ -494,15 +510,45 @@ TEST_CASE("torch: to_dropit honours exclusions and the masks option") {
   options.masks = false;
   options.exclude = [](const std::string& path, const nn::Module&) { return path == "2"; };
   const auto report = dt::to_dropit(*seq, make_policy(dt::policy_kind::mink), options);
-  CHECK(report.replaced == 1);
+  // The excluded Linear is replaced too, marked excluded: exact input, dropit's backward.
+  CHECK(report.replaced == 2);
+  CHECK(report.excluded == 1);
   CHECK(seq[0]->as<dt::LinearImpl>() != nullptr);
   CHECK(seq[1]->as<dt::ReLUImpl>() == nullptr);
-  CHECK(seq[2]->as<dt::LinearImpl>() == nullptr);
+  REQUIRE(seq[2]->as<dt::LinearImpl>() != nullptr);
+  CHECK(seq[2]->as<dt::LinearImpl>()->excluded());
+  CHECK(seq[2]->as<dt::LinearImpl>()->get_policy().kind == dt::policy_kind::mink);
   // An opted-out dropit layer keeps its policy.
   seq[0]->as<dt::LinearImpl>()->exclude();
   const auto again = dt::to_dropit(*seq, make_policy(dt::policy_kind::random, 0.5));
-  CHECK(again.excluded == 1);
+  CHECK(again.excluded == 2);
   CHECK(seq[0]->as<dt::LinearImpl>()->get_policy().kind == dt::policy_kind::mink);
+}
+
+TEST_CASE("torch: to_dropit's layer_gamma sets gamma per layer, the longest matching path wins") {
+  nn::ModuleList inner(nn::Linear(6, 6), nn::ReLU(), nn::Linear(6, 6));
+  nn::ModuleList seq(nn::Linear(6, 6), inner, nn::Linear(6, 2));
+  dt::convert_options options;
+  options.layer_gamma = {{"", 0.8}, {"1", 0.5}, {"1.2", 0.0}};
+  dt::to_dropit(*seq, make_policy(dt::policy_kind::mink, 0.9), options);
+  auto gamma = [&](const std::string& path) {
+    return seq->named_modules()[path]->as<dt::LinearImpl>()->get_policy().gamma;
+  };
+  CHECK(gamma("0") == 0.8);
+  CHECK(gamma("1.0") == 0.5);
+  CHECK(gamma("1.2") == 0.0);
+  CHECK(gamma("2") == 0.8);
+  // Bad keys and gammas change nothing.
+  nn::ModuleList fresh(nn::Linear(6, 6));
+  for (const auto& [bad, message] :
+       {std::pair{std::map<std::string, double>{{"3", 0.5}}, "no module of the model"},
+        std::pair{std::map<std::string, double>{{"0", 1.5}}, "must be in [0, 1]"}}) {
+    dt::convert_options o;
+    o.layer_gamma = bad;
+    CHECK_THROWS_WITH_AS((void)dt::to_dropit(*fresh, make_policy(dt::policy_kind::mink), o),
+                         doctest::Contains(message), dropit::error);
+    CHECK(fresh[0]->as<dt::LinearImpl>() == nullptr);
+  }
 }
 
 TEST_CASE(

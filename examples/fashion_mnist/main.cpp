@@ -4,7 +4,7 @@
 //   fashion_mnist --model cnn|vit --policy none|mink|random --gamma G --epochs E --batch-size B
 //                 --limit N --seed S --csv FILE [--masks on|off] [--mlp gelu|relu] [--threads T]
 //                 [--codec exact|int8|fp8] [--store CLASSES|all] [--store-codec int8|fp8|exact]
-//                 [--data DIR] [--lr LR] [--exclude PATH]...
+//                 [--data DIR] [--lr LR] [--exclude PATH]... [--layer-gamma PATH=G]...
 //
 // Exit codes: 0 done (and the training loss fell), 1 the loss did not fall, 2 bad arguments,
 // 77 the data set is missing.
@@ -22,6 +22,7 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -47,8 +48,9 @@ struct options {
   long long chunk_kib = -1;  // -1: the library's default piece size
   std::string data = "/usr/share/datasets/fashion-mnist";
   std::vector<std::string> exclude;  // module paths to leave dense ("0": the CNN's first conv)
-  std::string codec = "exact";       // how the kept values of Linear/Conv inputs are stored
-  std::string store;  // classes kept through store_codec ("layernorm,softmax", "all")
+  std::map<std::string, double> layer_gamma;  // --layer-gamma PATH=G
+  std::string codec = "exact";  // how the kept values of Linear/Conv inputs are stored
+  std::string store;            // classes kept through store_codec ("layernorm,softmax", "all")
   std::string store_codec = "int8";
 };
 
@@ -57,7 +59,7 @@ struct options {
                "fashion_mnist: %s\nusage: fashion_mnist [--model cnn|vit] [--policy "
                "none|mink|random] [--gamma G] [--epochs E] [--batch-size B] [--limit N] [--seed S] "
                "[--csv FILE] [--masks on|off] [--mlp gelu|relu] [--threads T] [--lr LR] [--data "
-               "DIR] [--exclude PATH]... [--codec exact|int8|fp8] "
+               "DIR] [--exclude PATH]... [--layer-gamma PATH=G]... [--codec exact|int8|fp8] "
                "[--store layernorm,gelu,softmax,matmul,dropout|all] "
                "[--store-codec int8|fp8|exact]\n",
                why.c_str());
@@ -107,6 +109,11 @@ options parse(int argc, char** argv) {
         o.data = value();
       } else if (a == "--exclude") {
         o.exclude.push_back(value());
+      } else if (a == "--layer-gamma") {
+        const std::string v = value();
+        const std::size_t eq = v.rfind('=');
+        if (eq == std::string::npos) usage("--layer-gamma takes PATH=GAMMA, got " + v);
+        o.layer_gamma[v.substr(0, eq)] = std::stod(v.substr(eq + 1));
       } else if (a == "--codec") {
         o.codec = value();
       } else if (a == "--store") {
@@ -179,6 +186,16 @@ std::string joined(const std::vector<std::string>& paths) {
   return out;
 }
 
+/// "+gamma:PATH=G;PATH=G" of --layer-gamma for the CSV's policy field ("" without).
+std::string layer_gammas(const std::map<std::string, double>& gammas) {
+  std::string out;
+  for (const auto& [path, gamma] : gammas) {
+    out += out.empty() ? "+gamma:" : ";";
+    out += path + "=" + std::to_string(gamma);
+  }
+  return out;
+}
+
 std::string today() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -231,7 +248,12 @@ int main(int argc, char** argv) {
     co.masks = opt.masks;
     co.exclude = excluded;
     co.store = store;
-    report = dt::to_dropit(*cnn, policy, co);
+    co.layer_gamma = opt.layer_gamma;
+    try {
+      report = dt::to_dropit(*cnn, policy, co);
+    } catch (const dropit::error& e) {
+      usage(e.what());
+    }
     net = cnn.ptr();
     fwd = [cnn](torch::Tensor x) mutable { return cnn->forward(x); };
   } else {
@@ -240,7 +262,12 @@ int main(int argc, char** argv) {
     co.masks = opt.masks;
     co.exclude = excluded;
     co.store = store;
-    report = dt::to_dropit(*vit, policy, co);
+    co.layer_gamma = opt.layer_gamma;
+    try {
+      report = dt::to_dropit(*vit, policy, co);
+    } catch (const dropit::error& e) {
+      usage(e.what());
+    }
     if (!opt.masks) {
       for (auto& m : vit->modules()) {
         if (auto* r = dynamic_cast<dt::ReLUImpl*>(m.get())) r->set_policy({});
@@ -383,7 +410,7 @@ int main(int argc, char** argv) {
         << (policy.active() && policy.codec != dropit::value_codec::exact ? "+" + opt.codec
                                                                           : std::string())
         << (store.any() ? "+store:" + stored + ":" + dt::to_string(store.codec) : std::string())
-        << ',' << (policy.active() ? opt.gamma : 0.0) << ','
+        << layer_gammas(opt.layer_gamma) << ',' << (policy.active() ? opt.gamma : 0.0) << ','
         << (opt.masks && policy.active() ? "on" : "off") << ','
         << (opt.model == "vit" ? (opt.relu_mlp ? "relu" : "gelu") : "-") << ',' << opt.seed << ','
         << opt.epochs << ',' << opt.batch << ',' << n << ',' << opt.threads << ',' << accuracy

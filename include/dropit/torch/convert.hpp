@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <string>
 
 namespace dropit::torch {
@@ -37,9 +38,16 @@ struct convert_options {
   /// with `replace` the standard `LayerNorm`, `GELU`, `Softmax` and `Dropout` children of
   /// containers whose class is on are replaced. Off by default.
   store_options store{};
-  /// Layers to leave out, by dotted path ("features.3") and module: a standard layer is not
-  /// replaced, a dropit layer keeps its policy (a store module its store options).
+  /// Layers to leave out, by dotted path ("features.3") and module. A Linear or Conv2d there is
+  /// still replaced (a dropit Linear, Conv2d, Conv1D there takes the policy) and marked
+  /// `layer::exclude()`: it keeps its input exact (the gamma = 0 case) but runs dropit's backward
+  /// in pieces. A ReLU or MaxPool2d there is not replaced (a dropit one keeps its policy), nor is
+  /// a store module given `store`. A dropit layer opted out before keeps its policy.
   std::function<bool(const std::string& path, const ::torch::nn::Module&)> exclude;
+  /// Per-layer gamma: a Linear, Conv2d or Conv1D takes the gamma of the longest key that is its
+  /// path or a dotted prefix of it ("" matches every layer), else the policy's. Keys must name
+  /// modules under the root, gammas be in [0, 1] (checked before anything changes).
+  std::map<std::string, double> layer_gamma;
 };
 
 /// @brief What `to_dropit` did.
@@ -55,7 +63,8 @@ struct convert_report {
  * first replaces standard layers in `Sequential`/`ModuleList` containers (sharing their parameter
  * tensors, so an optimizer built before keeps working). With `p.kind == none` no Linear, Conv2d,
  * ReLU or MaxPool2d is replaced; store modules follow `options.store` either way.
- * @throw dropit::error if p's gamma is outside [0, 1].
+ * @throw dropit::error if p's gamma is outside [0, 1], or a `layer_gamma` key names no module or
+ * its gamma is outside [0, 1]; nothing is changed then.
  */
 convert_report to_dropit(::torch::nn::Module& root, const policy& p,
                          const convert_options& options = {});

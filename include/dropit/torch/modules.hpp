@@ -53,8 +53,9 @@ class layer {
   /// @brief The policy.
   [[nodiscard]] const policy& get_policy() const noexcept { return policy_; }
 
-  /// @brief Opts this layer out (or back in): an excluded layer always runs the plain op, and
-  /// `to_dropit` leaves its policy alone.
+  /// @brief Opts this layer out (or back in), and `to_dropit` leaves its policy alone. An
+  /// excluded Linear, Conv2d or Conv1D keeps its input exact (a dense copy: the gamma = 0 case)
+  /// but still runs dropit's backward in pieces; an excluded ReLU or MaxPool2d runs the plain op.
   void exclude(bool excluded = true) noexcept { excluded_ = excluded; }
   /// @brief Whether the layer is opted out.
   [[nodiscard]] bool excluded() const noexcept { return excluded_; }
@@ -70,6 +71,9 @@ class layer {
   /// The policy of this call: `none` when the plain op should run (eval mode, excluded,
   /// policy none), else the policy with this step's seed (base seed + step, per layer).
   [[nodiscard]] policy step_policy(bool training);
+  /// The policy of a Linear/Conv forward: `step_policy`, but an excluded layer whose policy is
+  /// active (in training, grad mode on) keeps its input exact, an identity pack.
+  [[nodiscard]] policy weight_policy(bool training);
   /// Writes "policy=mink(0.9)" (or "excluded").
   void print_policy(std::ostream& out) const;
 

@@ -18,7 +18,8 @@ namespace dropit::torch {
 /// @brief What a dropit layer does with the tensor it saves for backward.
 enum class policy_kind : std::uint8_t {
   none,      ///< LibTorch's own path: the layer saves what the plain op saves
-  identity,  ///< dropit's cache keeps a dense copy (a test of the machinery; no saving)
+  identity,  ///< keeps the input exact: with the exact codec the input itself (no copy, backward
+             ///< in dropit's pieces: what an excluded layer runs), else a dense pack with the codec
   mink,      ///< keeps the (1 - gamma) largest magnitudes (DropIT's min-k)
   random     ///< keeps (1 - gamma) of the positions, drawn anew at every training step
 };

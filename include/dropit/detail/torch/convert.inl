@@ -27,23 +27,63 @@ bool replace_as(const std::shared_ptr<::torch::nn::Module>& m, const Settings& p
   return true;
 }
 
-/// The dropit layer replacing m, if m is a standard layer dropit has a counterpart for.
+/// The dropit layer replacing m, if m is a standard layer dropit has a counterpart for. At an
+/// excluded path only Linear and Conv2d are replaced (to keep their input exact, in pieces).
 inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, const policy& p,
-                             const convert_options& o, replacement& out) {
+                             const convert_options& o, bool excluded, replacement& out) {
   if (dynamic_cast<const layer*>(m.get()) != nullptr ||
       dynamic_cast<const store_layer*>(m.get()) != nullptr) {
     return false;
   }
+  const bool weights = p.active() && (replace_as<LinearImpl, ::torch::nn::LinearImpl>(m, p, out) ||
+                                      replace_as<Conv2dImpl, ::torch::nn::Conv2dImpl>(m, p, out));
+  if (weights || excluded) return weights;
   const store_options& s = o.store;
-  return (p.active() &&
-          (replace_as<LinearImpl, ::torch::nn::LinearImpl>(m, p, out) ||
-           replace_as<Conv2dImpl, ::torch::nn::Conv2dImpl>(m, p, out) ||
-           (o.masks && (replace_as<ReLUImpl, ::torch::nn::ReLUImpl>(m, p, out) ||
-                        replace_as<MaxPool2dImpl, ::torch::nn::MaxPool2dImpl>(m, p, out))))) ||
+  return (p.active() && o.masks &&
+          (replace_as<ReLUImpl, ::torch::nn::ReLUImpl>(m, p, out) ||
+           replace_as<MaxPool2dImpl, ::torch::nn::MaxPool2dImpl>(m, p, out))) ||
          (s.layernorm && replace_as<LayerNormImpl, ::torch::nn::LayerNormImpl>(m, s, out)) ||
          (s.gelu && replace_as<GELUImpl, ::torch::nn::GELUImpl>(m, s, out)) ||
          (s.softmax && replace_as<SoftmaxImpl, ::torch::nn::SoftmaxImpl>(m, s, out)) ||
          (s.dropout && replace_as<DropoutImpl, ::torch::nn::DropoutImpl>(m, s, out));
+}
+
+/// A Linear, Conv2d or Conv1D (the layers with a gamma).
+[[nodiscard]] inline bool is_weight_layer(const ::torch::nn::Module& m) {
+  return dynamic_cast<const LinearImpl*>(&m) != nullptr ||
+         dynamic_cast<const Conv2dImpl*>(&m) != nullptr ||
+         dynamic_cast<const Conv1DImpl*>(&m) != nullptr;
+}
+
+/// p with the gamma of the longest `layer_gamma` key that is `path` or a dotted prefix of it.
+[[nodiscard]] inline policy with_layer_gamma(policy p, const std::map<std::string, double>& gammas,
+                                             const std::string& path) {
+  std::size_t best = 0;
+  bool found = false;
+  for (const auto& [key, gamma] : gammas) {
+    const bool match =
+        key.empty() || path == key ||
+        (path.size() > key.size() && path.starts_with(key) && path[key.size()] == '.');
+    if (match && (!found || key.size() >= best)) {
+      best = key.size();
+      found = true;
+      p.gamma = gamma;
+    }
+  }
+  return p;
+}
+
+/// Throws unless every `layer_gamma` key names a module under root and every gamma is in [0, 1].
+inline void check_layer_gamma(::torch::nn::Module& root,
+                              const std::map<std::string, double>& gammas) {
+  if (gammas.empty()) return;
+  const auto modules = root.named_modules();
+  for (const auto& [key, gamma] : gammas) {
+    DROPIT_EXPECTS(gamma >= 0.0 && gamma <= 1.0, "torch::to_dropit: layer_gamma['", key,
+                   "'] must be in [0, 1], got ", gamma);
+    DROPIT_EXPECTS(key.empty() || modules.contains(key), "torch::to_dropit: layer_gamma names '",
+                   key, "', no module of the model (paths look like 0, features.3, blocks.0.qkv)");
+  }
 }
 
 inline std::string child_path(const std::string& prefix, const std::string& name) {
@@ -62,8 +102,7 @@ inline void convert(::torch::nn::Module& m, const std::string& path, const polic
       for (auto it = seq->begin(); it != seq->end(); ++it, ++i) {
         const std::string& name = names[i].key();
         replacement rep;
-        if (excluded(child_path(path, name), *it->ptr()) ||
-            !make_replacement(it->ptr(), p, o, rep)) {
+        if (!make_replacement(it->ptr(), p, o, excluded(child_path(path, name), *it->ptr()), rep)) {
           continue;
         }
         *it = std::move(rep.any);
@@ -76,9 +115,7 @@ inline void convert(::torch::nn::Module& m, const std::string& path, const polic
       for (auto it = list->begin(); it != list->end(); ++it, ++i) {
         const std::string& name = names[i].key();
         replacement rep;
-        if (excluded(child_path(path, name), **it) || !make_replacement(*it, p, o, rep)) {
-          continue;
-        }
+        if (!make_replacement(*it, p, o, excluded(child_path(path, name), **it), rep)) continue;
         *it = rep.module;
         list->replace_module(name, rep.module);
         ++r.replaced;
@@ -86,10 +123,16 @@ inline void convert(::torch::nn::Module& m, const std::string& path, const polic
     }
   }
   if (auto* l = dynamic_cast<layer*>(&m)) {
-    if (l->excluded() || excluded(path, m)) {
+    if (l->excluded()) {
+      ++r.excluded;  // opted out before: keeps its policy
+    } else if (excluded(path, m)) {
+      if (is_weight_layer(m)) {
+        l->set_policy(p);
+        l->exclude();
+      }
       ++r.excluded;
     } else {
-      l->set_policy(p);
+      l->set_policy(is_weight_layer(m) ? with_layer_gamma(p, o.layer_gamma, path) : p);
       ++r.switched;
     }
   }
@@ -109,6 +152,7 @@ inline void convert(::torch::nn::Module& m, const std::string& path, const polic
 inline convert_report to_dropit(::torch::nn::Module& root, const policy& p,
                                 const convert_options& options) {
   p.validate();
+  detail::check_layer_gamma(root, options.layer_gamma);
   convert_report report;
   detail::convert(root, "", p, options, report);
   return report;

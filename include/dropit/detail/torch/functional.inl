@@ -5,6 +5,7 @@
 #include <dropit/detail/torch/saved.hpp>
 
 #include <ATen/Dispatch.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -23,14 +24,43 @@ using ::torch::autograd::variable_list;
          (w.requires_grad() || x.requires_grad());
 }
 
-/// Saves the weight and, when the weight needs a gradient, x packed (else an undefined tensor:
-/// the input gradient of these layers does not read x).
+/// Whether a layer keeps x itself: `identity` with the exact codec (exact values need no copy;
+/// an excluded layer's policy, the gamma = 0 case).
+[[nodiscard]] inline bool keeps_reference(const policy& p) noexcept {
+  return p.kind == policy_kind::identity && p.codec == value_codec::exact;
+}
+
+/// Saves the weight and, when the weight needs a gradient, x packed, or x itself (dense in its
+/// packing order) for `keeps_reference` (else an undefined tensor: the input gradient of these
+/// layers does not read x).
 inline void save_input(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                        const policy& p) {
   p.validate();
-  at::Tensor packed = w.requires_grad() ? save_packed(x, p) : at::Tensor();
-  ctx->save_for_backward({w, packed});
+  const bool by_reference = keeps_reference(p);
+  at::Tensor saved;
+  if (w.requires_grad()) {
+    check_packable(x, "save");
+    saved = by_reference ? x.contiguous(packing_format(x)) : save_packed(x, p);
+  }
+  ctx->save_for_backward({w, saved});
   ctx->saved_data["x_sizes"] = x.sizes();
+  ctx->saved_data["by_reference"] = by_reference;
+}
+
+/**
+ * Elements [offset, offset + prod(sizes)) of a saved input in packing order, whole
+ * leading-dimension slices (rows, samples): rebuilt from its pack, or, kept by reference, a view
+ * of the input itself.
+ */
+[[nodiscard]] inline at::Tensor saved_part(const at::Tensor& saved, bool by_reference,
+                                           at::IntArrayRef sizes, std::size_t offset) {
+  if (!by_reference) return restore_packed(saved, sizes, offset);
+  const auto start = static_cast<std::int64_t>(offset);
+  if (saved.is_contiguous()) {
+    return saved.view({-1}).narrow(0, start, c10::multiply_integers(sizes)).view(sizes);
+  }
+  const std::int64_t per_slice = saved.numel() / saved.size(0);  // channels-last: samples
+  return saved.narrow(0, start / per_slice, sizes[0]);
 }
 
 /// How many of `count` slices of `slice_bytes` each go in one piece: at least 1, at most what fits
@@ -49,9 +79,9 @@ inline void save_input(AutogradContext* ctx, const at::Tensor& x, const at::Tens
 /// The weight gradient of a matmul layer, g2 [rows, out] against the packed input [rows, in],
 /// accumulated over pieces of rows so the rebuilt input never exists whole:
 /// `transposed` false gives g2^T x ([out, in], Linear), true gives x^T g2 ([in, out], Conv1D).
-[[nodiscard]] inline at::Tensor matmul_weight_grad(const at::Tensor& packed, const at::Tensor& g2,
-                                                   std::int64_t in, bool transposed,
-                                                   const at::Tensor& w) {
+[[nodiscard]] inline at::Tensor matmul_weight_grad(const at::Tensor& packed, bool by_reference,
+                                                   const at::Tensor& g2, std::int64_t in,
+                                                   bool transposed, const at::Tensor& w) {
   const std::int64_t rows = g2.size(0);
   if (rows == 0) return at::zeros_like(w);
   const std::int64_t step =
@@ -59,7 +89,8 @@ inline void save_input(AutogradContext* ctx, const at::Tensor& x, const at::Tens
   at::Tensor gw;
   for (std::int64_t r0 = 0; r0 < rows; r0 += step) {
     const std::int64_t len = std::min(step, rows - r0);
-    const at::Tensor x = restore_packed(packed, {len, in}, static_cast<std::size_t>(r0 * in));
+    const at::Tensor x =
+        saved_part(packed, by_reference, {len, in}, static_cast<std::size_t>(r0 * in));
     const at::Tensor g = g2.narrow(0, r0, len);
     const at::Tensor a = transposed ? x.t() : g.t();
     const at::Tensor b = transposed ? g : x;
@@ -107,7 +138,9 @@ struct linear_fn : ::torch::autograd::Function<linear_fn> {
     const at::Tensor g2 = grads[0].reshape({-1, out});
     at::Tensor gx, gw, gb;
     // Weight first: its rebuilt input pieces are freed before the input gradient is allocated.
-    if (ctx->needs_input_grad(1)) gw = matmul_weight_grad(saved[1], g2, in, false, w);
+    if (ctx->needs_input_grad(1)) {
+      gw = matmul_weight_grad(saved[1], ctx->saved_data["by_reference"].toBool(), g2, in, false, w);
+    }
     if (has_bias && ctx->needs_input_grad(2)) gb = g2.sum(0);
     if (ctx->needs_input_grad(0)) gx = grads[0].matmul(w);
     return {gx, gw, gb, at::Tensor()};
@@ -133,7 +166,9 @@ struct gpt2_conv1d_fn : ::torch::autograd::Function<gpt2_conv1d_fn> {
     const std::int64_t nx = w.size(0), nf = w.size(1);
     const at::Tensor g2 = grads[0].reshape({-1, nf});
     at::Tensor gx, gw, gb;
-    if (ctx->needs_input_grad(1)) gw = matmul_weight_grad(saved[1], g2, nx, true, w);
+    if (ctx->needs_input_grad(1)) {
+      gw = matmul_weight_grad(saved[1], ctx->saved_data["by_reference"].toBool(), g2, nx, true, w);
+    }
     if (has_bias && ctx->needs_input_grad(2)) gb = g2.sum(0);
     if (ctx->needs_input_grad(0)) {
       gx = g2.mm(w.t()).view(ctx->saved_data["x_sizes"].toIntVector());
@@ -202,6 +237,7 @@ struct conv2d_fn : ::torch::autograd::Function<conv2d_fn> {
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
     const bool need_x = ctx->needs_input_grad(0);
     const bool need_w = ctx->needs_input_grad(1);
+    const bool by_reference = ctx->saved_data["by_reference"].toBool();
     const std::vector<std::int64_t> x_sizes = ctx->saved_data["x_sizes"].toIntVector();
     const std::vector<std::int64_t> stride = ctx->saved_data["stride"].toIntVector();
     const std::vector<std::int64_t> padding = ctx->saved_data["padding"].toIntVector();
@@ -222,9 +258,9 @@ struct conv2d_fn : ::torch::autograd::Function<conv2d_fn> {
       std::vector<std::int64_t> sizes = x_sizes;
       sizes[0] = len;
       // The input gradient does not read x: without a weight gradient, zeros stand in for it.
-      const at::Tensor x =
-          need_w ? restore_packed(packed, sizes, static_cast<std::size_t>(s0 * per_sample))
-                 : at::zeros(sizes, g.options());
+      const at::Tensor x = need_w ? saved_part(packed, by_reference, sizes,
+                                               static_cast<std::size_t>(s0 * per_sample))
+                                  : at::zeros(sizes, g.options());
       auto [px, pw, pb] = at::convolution_backward(len == n ? g : g.narrow(0, s0, len), x, w,
                                                    c10::nullopt, stride, padding, dilation, false,
                                                    {0, 0}, groups, {need_x, need_w, false});

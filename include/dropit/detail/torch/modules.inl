@@ -63,6 +63,13 @@ inline policy layer::step_policy(bool training) {
   return p;
 }
 
+inline policy layer::weight_policy(bool training) {
+  if (excluded_ && policy_.active() && training && ::torch::autograd::GradMode::is_enabled()) {
+    return policy{policy_kind::identity, 0.0, 0, value_codec::exact};
+  }
+  return step_policy(training);
+}
+
 inline void layer::print_policy(std::ostream& out) const {
   if (excluded_) {
     out << "excluded";
@@ -90,7 +97,7 @@ inline LinearImpl::LinearImpl(const ::torch::nn::LinearImpl& other, const policy
 }
 
 inline at::Tensor LinearImpl::forward(const at::Tensor& input) {
-  const policy p = step_policy(is_training());
+  const policy p = weight_policy(is_training());
   return dropit::torch::linear(input, weight,
                                bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, p);
 }
@@ -124,7 +131,7 @@ inline Conv2dImpl::Conv2dImpl(const ::torch::nn::Conv2dImpl& other, const policy
 }
 
 inline at::Tensor Conv2dImpl::forward(const at::Tensor& input) {
-  const policy p = step_policy(is_training());
+  const policy p = weight_policy(is_training());
   if (!p.active()) return ::torch::nn::Conv2dImpl::forward(input);
   conv2d_params c;
   c.stride = {(*options.stride())[0], (*options.stride())[1]};
@@ -218,7 +225,7 @@ inline void Conv1DImpl::reset() {
 }
 
 inline at::Tensor Conv1DImpl::forward(const at::Tensor& input) {
-  const policy p = step_policy(is_training());
+  const policy p = weight_policy(is_training());
   return gpt2_conv1d(input, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt,
                      p);
 }
