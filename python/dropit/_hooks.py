@@ -444,7 +444,7 @@ class Handle:
 
 
 def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0, codec="exact",
-              positions="smallest", store=(), store_codec="int8"):
+              positions="smallest", store=(), store_codec="int8", layer_gamma=None):
     """Makes ``model``'s layers save less for backward, without replacing any module.
 
     Args:
@@ -467,6 +467,8 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
             matmul inputs), ``"dropout"`` (1 bit per element, exact), or ``"all"``. See the
             module's docstring for which module saves which.
         store_codec: ``"int8"``, ``"fp8"`` or ``"exact"`` (a dense copy: gradients as PyTorch's).
+        layer_gamma: ``{name: gamma}``: a Linear/Conv layer takes the gamma of the longest name
+            that is its own or a dotted prefix of it (``""`` matches all), else ``gamma``.
 
     Returns:
         a ``Handle``; ``handle.remove()`` undoes it.
@@ -496,6 +498,27 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
 
     def excluded(name):
         return any(name == e or name.startswith(e + ".") or e == "" for e in exclude)
+
+    layer_gamma = dict(layer_gamma or {})
+    unknown = [k for k in layer_gamma if k not in names]
+    if unknown:
+        raise _C.Error(
+            f"dropit: to_dropit: layer_gamma names no module of the model: "
+            f"{', '.join(map(repr, unknown))} (use the names of model.named_modules())"
+        )
+    # One policy per distinct gamma (checks each gamma).
+    layer_policies = {
+        k: _C.Policy(policy.kind, float(g), policy.seed, policy.codec, policy.positions)
+        for k, g in layer_gamma.items()
+    } if policy.kind in ("mink", "random") else {}
+
+    def policy_of(name):
+        best = None
+        for key in layer_policies:
+            if (key == "" or name == key or name.startswith(key + ".")) and (
+                    best is None or len(key) > len(best)):
+                best = key
+        return policy if best is None else layer_policies[best]
 
     selected, attention = [], []
 
@@ -528,7 +551,8 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
             if kind in _STORE_KINDS:
                 layer = _Layer(name, kind, store_policy, index, module, store)
             else:
-                layer = _Layer(name, kind, policy, index, module)
+                layer = _Layer(name, kind, policy_of(name) if kind == "weight" else policy, index,
+                               module)
             hooks.append(module.register_forward_pre_hook(_pre_hook(layer)))
             hooks.append(module.register_forward_hook(_post_hook(layer)))
             layers.append(layer)

@@ -559,3 +559,31 @@ def test_saved_tensors_block():
     assert torch.equal(lin.weight.grad, plain.weight.grad)
     with pytest.raises(TypeError):
         dropit.saved_tensors(0.9)
+
+
+def test_layer_gamma_sets_gamma_per_layer_longest_name_first():
+    net = nn.Sequential(nn.Linear(20, 30), nn.ReLU(),
+                        nn.Sequential(nn.Linear(30, 30), nn.Linear(30, 5)))
+    handle = dropit.to_dropit(net, "mink", 0.9, layer_gamma={"2": 0.5, "2.1": 0.0})
+    x = torch.randn(8, 20)
+    y = net(x)
+    with torch.no_grad():
+        h1 = torch.relu(net[0](x))
+        h2 = net[2][0](h1)
+    nodes, frontier = [], [y.grad_fn]
+    while frontier:
+        node = frontier.pop(0)
+        if node is not None:
+            if type(node).__name__ == "AddmmBackward0":
+                nodes.append(node)
+            frontier.extend(n for n, _ in node.next_functions)
+    last, middle, first = nodes  # breadth first from the output
+    assert torch.equal(last._saved_mat1, h2)                                # gamma 0: all of it
+    assert torch.equal(middle._saved_mat1, reference.mink(h1, 0.5))         # "2"
+    assert torch.equal(first._saved_mat1, reference.mink(x, 0.9))           # the default
+    handle.remove()
+    for bad, message in (({"nope": 0.5}, "layer_gamma names no module of the model: 'nope'"),
+                         ({"0": 1.5}, r"gamma must be in \[0, 1\]")):
+        with pytest.raises(dropit.Error, match=message):
+            dropit.to_dropit(net, "mink", 0.9, layer_gamma=bad)
+        assert hook_count(net) == 0
