@@ -6,6 +6,7 @@ reports MEASURED memory (dropit's counting CPU allocator), accuracy and step tim
     fashion_mnist.py --model cnn|vit --impl none|dropit|reference --policy mink|random --gamma G
                      --epochs E --batch-size B --limit N --seed S --csv FILE [--masks on|off]
                      [--store layernorm|gelu|softmax|matmul|dropout|all ... --store-codec int8|fp8]
+                     [--layer-gamma NAME=G ...]
                      [--threads T] [--exclude NAME]... [--reference-exclude] [--data DIR]
 
 Exit codes: 0 done (and the training loss fell), 1 the loss did not fall, 2 bad arguments,
@@ -61,6 +62,8 @@ def parse(argv):
                    help="a module left as PyTorch runs it, by name (e.g. 0, patch, head)")
     p.add_argument("--reference-exclude", action="store_true",
                    help="DropIT's own exclusions: the first layer and the classifier head dense")
+    p.add_argument("--layer-gamma", action="append", default=[], metavar="NAME=G",
+                   help="a layer's own gamma (the longest matching module name wins); repeat")
     p.add_argument("--store", action="append", default=[],
                    choices=list(dropit.STORE_CLASSES) + ["all"],
                    help="a class of the tensors DropIT leaves dense to keep through --store-codec "
@@ -69,6 +72,10 @@ def parse(argv):
     p.add_argument("--data", default=fmnist.DATA_DIR)
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
+    try:
+        a.layer_gamma = {k: float(v) for k, v in (item.rsplit("=", 1) for item in a.layer_gamma)}
+    except ValueError:
+        p.error("--layer-gamma takes NAME=GAMMA")
     if a.reference_exclude:
         a.exclude = sorted(set(a.exclude) | set(fmnist.REFERENCE_EXCLUDE[a.model]))
     if a.impl == "reference" and a.policy != "mink":
@@ -77,11 +84,15 @@ def parse(argv):
 
 
 def store_suffix(a):
-    """' + store:CLASSES:CODEC' when --store is given (dropit only), else ''."""
-    if a.impl != "dropit" or not a.store:
+    """' + gamma:NAME=G' per --layer-gamma and ' + store:CLASSES:CODEC' for --store (dropit
+    only), else ''."""
+    if a.impl != "dropit":
         return ""
-    classes = "all" if "all" in a.store else ";".join(a.store)
-    return f" + store:{classes}:{a.store_codec}"
+    out = "".join(f" + gamma:{k}={v:g}" for k, v in sorted(a.layer_gamma.items()))
+    if a.store:
+        classes = "all" if "all" in a.store else ";".join(a.store)
+        out += f" + store:{classes}:{a.store_codec}"
+    return out
 
 
 def mib(b):
@@ -103,7 +114,8 @@ def convert(net, a):
     if a.impl == "dropit":
         store = dropit.STORE_CLASSES if "all" in a.store else tuple(a.store)
         handle = dropit.to_dropit(net, a.policy, a.gamma, exclude=a.exclude, masks=a.masks == "on",
-                                  seed=a.seed, store=store, store_codec=a.store_codec)
+                                  seed=a.seed, store=store, store_codec=a.store_codec,
+                                  layer_gamma=a.layer_gamma)
         kinds = [k for _, k in handle.layers]
         stored = (f"; {', '.join(store)} stored as {a.store_codec} "
                   f"({len(kinds) - sum(map(kinds.count, ('weight', 'relu', 'pool')))} modules)"
