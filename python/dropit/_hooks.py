@@ -308,6 +308,7 @@ def _drop_stale(stack):
     while stack and not _on_stack(stack[-1].frame):
         scope = stack.pop()
         scope.frame = None
+        scope.memo = None
         _pop_hooks()
 
 
