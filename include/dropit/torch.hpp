@@ -9,12 +9,12 @@
  * | torch/policy.hpp | `policy{kind, gamma, seed}`, `live_saved_bytes()` |
  * | torch/functional.hpp | `linear`, `conv2d`, `gpt2_conv1d`, `relu`, `max_pool2d` |
  * | torch/modules.hpp | `Linear`, `Conv2d`, `Conv1D`, `ReLU`, `MaxPool2d` modules |
- * | torch/store.hpp | `layer_norm`, `gelu`, `softmax`, `attention`, `dropout` with their saved tensors through a codec; `store_options` |
- * | torch/store_modules.hpp | `LayerNorm`, `GELU`, `Softmax`, `Dropout`, `SoftmaxAttention` modules |
+ * | torch/store.hpp | `layer_norm`, `gelu`, `softmax`, `attention`, `dropout` via a codec |
+ * | torch/store_modules.hpp | `LayerNorm`, `GELU`, `Softmax`, `Dropout`, `SoftmaxAttention` |
  * | torch/convert.hpp | `to_dropit(module, policy, {.store = ...})` |
  * | torch/counting_allocator.hpp | `counting_allocator`, `cpu_allocator_guard` |
  * | torch/memory_resource.hpp | `cpu_resource()`: payloads from LibTorch's CPU allocator |
- * | torch/packed.hpp | `packed_tensor`, `packed_mask` (ReLU, dropout), `packed_pool_indices`: packs for a save-for-backward hook |
+ * | torch/packed.hpp | `packed_tensor`, `packed_mask`, `packed_pool_indices`: hook packs |
  */
 #pragma once
 
