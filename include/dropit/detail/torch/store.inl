@@ -286,9 +286,7 @@ inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::
                      q.size(-1) == k.size(-1) && k.size(-2) == v.size(-2),
                  "torch::attention: shapes do not match: q ", q.sizes(), ", k ", k.sizes(), ", v ",
                  v.sizes(), " (q [..., t, d], k [..., s, d], v [..., s, e])");
-  const bool any = softmax_store.active() || matmul_store.active();
-  if (!any || !::torch::autograd::GradMode::is_enabled() ||
-      !(q.requires_grad() || k.requires_grad() || v.requires_grad())) {
+  if (!detail::wants_store(softmax_store, q, k, v) && !detail::wants_store(matmul_store, q, k, v)) {
     return at::matmul(at::softmax(at::matmul(q, k.transpose(-2, -1)), -1), v);
   }
   for (const at::Tensor* t : {&q, &k, &v})
