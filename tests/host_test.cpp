@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <memory_resource>
 #include <thread>
@@ -427,8 +428,9 @@ TEST_CASE_TEMPLATE("every instruction set gives the oracle's bytes, packing and 
       for (std::size_t i = 5; i < n; i += 101)
         x[i] = from_double<T>(i % 2 ? std::numeric_limits<double>::quiet_NaN()
                                     : -std::numeric_limits<double>::infinity());
-      // bitmask; Elias-Fano with 2, 3, 4 and 6 low bits (BMI2 encodes 2 to 4 a word at a time)
-      for (double g : {0.5, 0.8, 0.9, 0.95, 0.99}) {
+      // bitmask; Elias-Fano with 1 to 9 low bits (BMI2 encodes 2 to 4 a word at a time and
+      // decodes 1 to 8)
+      for (double g : {0.5, 0.8, 0.9, 0.95, 0.99, 0.995, 0.998, 0.999}) {
         for (unsigned threads : {1u, 2u}) {
           CAPTURE(static_cast<int>(isa));
           CAPTURE(n);
@@ -459,6 +461,19 @@ TEST_CASE_TEMPLATE("every instruction set gives the oracle's bytes, packing and 
                 (reinterpret_cast<std::uintptr_t>(room.data()) + 63) / 64 * 64);
             dropit::detail::host_restore(p, layout, aligned, 1.0, threads, 1);
             CHECK(same_bits<T>(std::vector<T>(aligned, aligned + n), dense_from<T>(x, kept)));
+            // Scaled (exactly, by 2) on both paths: equal values, NaN where x kept a NaN.
+            const std::vector<T> once = dense_from<T>(x, kept);
+            auto doubled = [&](const T* r) {
+              for (std::size_t i = 0; i < n; ++i) {
+                const double want = 2.0 * to_double(once[i]), got = to_double(r[i]);
+                if (!(got == want || (std::isnan(got) && std::isnan(want)))) return false;
+              }
+              return true;
+            };
+            dropit::detail::host_restore(p, layout, out.data(), 2.0, threads, 0);
+            CHECK(doubled(out.data()));
+            dropit::detail::host_restore(p, layout, aligned, 2.0, threads, 1);
+            CHECK(doubled(aligned));
           }
         }
       }
