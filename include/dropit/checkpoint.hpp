@@ -17,6 +17,10 @@
  * can be recomputed from one stored tensor. A checkpoint set that leaves a group with two entries
  * or two exits is not a plan. Everything lives in namespace `dropit::checkpoint`.
  *
+ * Planner v2 (`solve_budget`, `solve_frontier`): vertices also have a recompute time and may offer
+ * storage options (compressed forms); for a memory budget it finds the plan with the least extra
+ * time, each vertex kept, compressed (never the entry of a segment) or dropped.
+ *
  * The umbrella header of the `checkpoint` component (CMake target `dropit::checkpoint`, which
  * brings nlohmann::json for reading graphs); `<dropit/dropit.hpp>` does not include it.
  */
@@ -47,7 +51,19 @@ using vertex_index = std::size_t;
 struct edge {
   vertex_index from;  ///< input tensor
   vertex_index to;    ///< output tensor
-  double compute;  ///< the operation's compute cost (any unit, >= 0); only reported, not optimised
+  double compute;     ///< the operation's compute cost (any unit, >= 0); a vertex's default time
+};
+
+/**
+ * @brief A way to store a tensor other than exactly (e.g. MinK 0.9 sparse): its bytes and the
+ * time to pack it in forward and restore it in backward. A tensor stored this way (*compressed*)
+ * serves its consumers' backward (a Linear/Conv input its weight gradient) but never the
+ * recomputation of a segment: `solve_budget` drops no successor of a compressed tensor.
+ */
+struct storage_option {
+  std::string name;   ///< e.g. "MinK 0.9"; unique among the vertex's options
+  cost_t bytes = 0;   ///< memory of the stored form (>= 0)
+  double time = 0.0;  ///< pack + restore time, in the unit of the vertex times (>= 0)
 };
 
 /**
@@ -71,9 +87,26 @@ class graph {
   vertex_index add_vertex(std::string id, cost_t cost);
 
   /**
+   * @brief Sets the time to recompute a vertex (its operation), used by `solve_budget` and
+   * `solve_frontier`. Without it a vertex's time is the sum of the `compute` costs of its input
+   * edges (a repeated edge once, at its largest cost).
+   * @throw dropit::error if out of range, or `time` is negative or not finite
+   */
+  void set_time(vertex_index v, double time);
+
+  /**
+   * @brief Offers a way to store vertex `v` compressed (see `storage_option`). A vertex without
+   * options is exact-only: it is kept or recomputed. Options of the source and target are ignored
+   * (both are always kept).
+   * @throw dropit::error if out of range, the name is empty or taken for `v`, the bytes are
+   * negative, or the time is negative or not finite
+   */
+  void add_storage(vertex_index v, storage_option option);
+
+  /**
    * @brief Adds an operation from vertex `from` to vertex `to`.
-   * @param compute the operation's compute cost (>= 0), reported as `plan::recompute` (an edge
-   * added again counts once, at the largest cost given)
+   * @param compute the operation's compute cost (>= 0), reported as `plan::recompute` and the
+   * default time of `to` (an edge added again counts once, at the largest cost given)
    * @throw dropit::error if an index is out of range or `compute` is negative or not finite
    */
   void add_edge(vertex_index from, vertex_index to, double compute = 0.0);
@@ -103,6 +136,15 @@ class graph {
   [[nodiscard]] const std::string& id(vertex_index v) const;
   /** @brief A vertex's memory cost. @throw dropit::error if out of range */
   [[nodiscard]] cost_t cost(vertex_index v) const;
+  /**
+   * @brief A vertex's recompute time: the one set by `set_time`, else the sum of its input edges'
+   * `compute` (O(edges)). @throw dropit::error if out of range
+   */
+  [[nodiscard]] double time(vertex_index v) const;
+  /** @brief Whether `set_time` gave the vertex a time. @throw dropit::error if out of range */
+  [[nodiscard]] bool has_time(vertex_index v) const;
+  /** @brief A vertex's storage options (empty: exact-only). @throw dropit::error if out of range */
+  [[nodiscard]] std::span<const storage_option> storage(vertex_index v) const;
   /** @brief The vertex with this id, if any. */
   [[nodiscard]] std::optional<vertex_index> find(std::string_view id) const;
   /** @brief The source. @throw dropit::error if none was set */
@@ -132,6 +174,8 @@ class graph {
   };
   std::vector<std::string> ids_;
   std::vector<cost_t> costs_;
+  std::vector<double> times_;  // NaN: not set
+  std::vector<std::vector<storage_option>> storage_;
   std::vector<edge> edges_;
   std::unordered_map<std::string, vertex_index, id_hash, std::equal_to<>> index_;
   std::optional<vertex_index> source_, target_;
@@ -146,7 +190,23 @@ struct segment {
   cost_t cost = 0;                     ///< sum of their costs
 };
 
-/** @brief A checkpoint plan and its cost in the paper's model. */
+/** @brief What a plan does with a vertex's tensor in forward. */
+enum class decision : std::uint8_t {
+  keep,      ///< stored exactly (a checkpoint; the source and the target)
+  compress,  ///< stored with one of its storage options; never a segment's entry
+  drop,      ///< recomputed in backward, inside a segment
+};
+
+/** @brief A compressed vertex of a plan and the storage option it uses. */
+struct compression {
+  vertex_index vertex = 0;  ///< the vertex
+  std::size_t option = 0;   ///< index into `graph::storage(vertex)`
+};
+
+/**
+ * @brief A checkpoint plan and its cost in the paper's model, extended by compressed vertices:
+ * cost = checkpoint_cost + compressed_cost + max_segment_cost.
+ */
 struct plan {
   std::vector<vertex_index>
       checkpoints;  ///< kept vertices, topological order, source/target excluded
@@ -154,14 +214,49 @@ struct plan {
       segments;                 ///< by the topological position of the entry, then of the vertices
   cost_t checkpoint_cost = 0;   ///< sum of the checkpoints' costs
   cost_t max_segment_cost = 0;  ///< the largest segment cost (0 if there is no segment)
-  cost_t cost = 0;              ///< checkpoint_cost + max_segment_cost
+  cost_t cost = 0;              ///< checkpoint_cost + compressed_cost + max_segment_cost
   cost_t regular_cost = 0;      ///< sum of all vertex costs (training without checkpoints)
   double recompute = 0.0;       ///< compute cost of the edges into segment vertices (rerun once)
   double solve_seconds = 0.0;   ///< wall time of the call that made the plan
   /// Passes of the dynamic program over the division tree that the search over the segment bound
-  /// made (solve, solve_linear; 0 for evaluate and graphs without inner vertices). Each costs
+  /// made (solve, solve_linear, solve_budget; 0 for evaluate and graphs without inner vertices).
+  /// For solve and solve_linear each costs
   /// O(vertices); on a chain of n unit costs the search makes O(sqrt(n)) of them.
   std::size_t search_passes = 0;
+  std::vector<compression> compressed;  ///< compressed vertices, topological order
+  cost_t compressed_cost = 0;           ///< sum of their options' bytes
+  /// Time the plan adds to a step: the times (`graph::time`) of the dropped vertices plus the
+  /// options' time of the compressed ones. Without vertex times or compression, `recompute`.
+  double extra_time = 0.0;
+  std::vector<decision> decisions;  ///< per vertex index
+  /// solve_budget: whether the plan is proven to take the least extra time within the budget
+  /// (false when a knob of `budget_options` thinned a Pareto set or skipped a segment bound).
+  bool exact = true;
+};
+
+/** @brief One point of the memory / time trade-off. */
+struct frontier_point {
+  cost_t memory = 0;        ///< `plan::cost` of the plan
+  double extra_time = 0.0;  ///< `plan::extra_time` of the plan
+};
+
+/** @brief The Pareto frontier of a graph: every plan that no other beats in memory and time. */
+struct frontier {
+  std::vector<frontier_point> points;  ///< by memory ascending (so extra time descending)
+  bool exact = true;  ///< false when a knob thinned a set or skipped a bound (points are plans)
+  std::size_t search_passes = 0;  ///< passes of the dynamic program (one per segment bound)
+  double solve_seconds = 0.0;     ///< wall time of the call
+};
+
+/** @brief Knobs of `solve_budget` and `solve_frontier`. */
+struct budget_options {
+  bool use_storage = true;  ///< false: ignore storage options (recompute-only plans)
+  /// Most points a Pareto set of the dynamic program keeps; a larger set is thinned to this many
+  /// (evenly by memory) and the result is marked inexact (a heuristic then).
+  std::size_t max_points = 65536;
+  /// 0: every segment bound that can matter is tried (exact). r > 0: each next bound is at most
+  /// the last / (1 + r), so a plan with largest segment a may be missed by at most r x a bytes.
+  double bound_ratio = 0.0;
 };
 
 /**
@@ -191,9 +286,46 @@ struct plan {
 [[nodiscard]] plan evaluate(const graph& g, std::span<const vertex_index> checkpoints);
 
 /**
+ * @brief The plan that a set of checkpoints and compressed vertices makes.
+ * @throw dropit::error as the other `evaluate`, if a vertex is listed twice or an option index is
+ * out of range, or if a compressed vertex would be the entry of a segment (it feeds a dropped one)
+ */
+[[nodiscard]] plan evaluate(const graph& g, std::span<const vertex_index> checkpoints,
+                            std::span<const compression> compressed);
+
+/**
+ * @brief The plan with the least `extra_time` whose memory (`plan::cost`) is at most `budget`;
+ * each inner vertex kept, compressed (with one of its storage options) or dropped.
+ *
+ * A bottom-up pass over the division tree computes, for a bound M on the segment cost, the Pareto
+ * set of (stored bytes, extra time) of every node (with the largest segment of each point); the
+ * bounds are searched from `budget` down as in `solve`. Exact unless a Pareto set grew beyond
+ * `options.max_points` or `options.bound_ratio` is set (then `plan::exact` is false).
+ * @throw dropit::error if the graph is not valid, or if no plan fits (the message gives the least
+ * memory)
+ */
+[[nodiscard]] plan solve_budget(const graph& g, cost_t budget, const budget_options& options = {});
+
+/**
+ * @brief The least memory (`plan::cost`) of any plan, compressed vertices allowed (unless
+ * `options.use_storage` is false: then `solve(g).cost`); as fast as `solve`.
+ * @throw dropit::error if the graph is not valid
+ */
+[[nodiscard]] cost_t least_memory(const graph& g, const budget_options& options = {});
+
+/**
+ * @brief The Pareto frontier of (memory, extra time) over all plans; its first point is the least
+ * memory (with no storage options, `solve(g).cost`), its last the least time. `solve_budget` at a
+ * point's memory gives a plan with that point's time.
+ * @throw dropit::error if the graph is not valid
+ */
+[[nodiscard]] frontier solve_frontier(const graph& g, const budget_options& options = {});
+
+/**
  * @brief Reads a graph from JSON text:
- * `{"source": ID, "target": ID, "vertices": [{"id": ID, "cost": NUMBER}, ...],
- *   "edges": [{"u": ID, "v": ID, "compute": NUMBER (optional)}, ...]}`.
+ * `{"source": ID, "target": ID, "vertices": [{"id": ID, "cost": NUMBER, "time": NUMBER
+ * (optional), "storage": [{"name": STRING, "bytes": NUMBER, "time": NUMBER (optional)}, ...]
+ * (optional)}, ...], "edges": [{"u": ID, "v": ID, "compute": NUMBER (optional)}, ...]}`.
  *
  * IDs are integers or strings (an integer id is its decimal text, so 7 and "7" are the same
  * vertex); a cost is a finite non-negative number of bytes, rounded up to a whole byte (`0.5`
@@ -213,12 +345,17 @@ struct plan {
 
 /**
  * @brief A plan as JSON: `checkpoints` and `segments` (`entry`, `exit`, `cost`, `vertices`) by
- * vertex id, `cost`, `checkpoint_cost`, `max_segment_cost`, `regular_cost`, `recompute`,
- * `solve_seconds`. Ids that are decimal integers are written as numbers.
+ * vertex id, `compressed` (`vertex`, `option` name, `bytes`, `time`), `cost`, `checkpoint_cost`,
+ * `compressed_cost`, `max_segment_cost`, `regular_cost`, `recompute`, `extra_time`, `exact`,
+ * `solve_seconds`. Every other vertex is the source or the target (kept). Ids that are decimal
+ * integers are written as numbers.
  */
 [[nodiscard]] std::string to_json(const graph& g, const plan& p);
 
-/** @brief A graph as JSON in the format `parse_graph_json` reads (edges with their "compute"). */
+/**
+ * @brief A graph as JSON in the format `parse_graph_json` reads (edges with their "compute",
+ * vertices with their "time" if set and "storage" if any).
+ */
 [[nodiscard]] std::string to_json(const graph& g);
 
 /**
@@ -226,6 +363,11 @@ struct plan {
  * reference implementation's torch.jit parser records them: every module or aten op output (conv,
  * batch norm, pool, add, concat, flatten, dropout, linear), in-place ReLUs merged into the tensor
  * they overwrite. Shapes follow torchvision's layer arithmetic; no weights are involved.
+ *
+ * Times: an op's FLOP estimate (2 x MACs for conv and linear, 1 per element read for the others)
+ * sits on its first input edge, so a vertex's default time is its op's FLOPs. Storage: every
+ * vertex read by a conv or linear op and otherwise only by ops whose backward does not read it
+ * (add, concat) offers `models::mink_option`: MinK 0.9 with bitmask positions.
  */
 namespace models {
 
@@ -248,6 +390,19 @@ struct input_shape {
 [[nodiscard]] graph densenet(int depth, input_shape in, std::int64_t bytes_per_element = 4);
 /** @brief Inception v3 without auxiliary logits (torchvision). */
 [[nodiscard]] graph inception_v3(input_shape in, std::int64_t bytes_per_element = 4);
+
+/// MinK 0.9's payload per element: 10% of the values plus a 1-bit position mask and headers
+/// (0.529 B for fp32: the packed format's bitmask size measured in the README).
+inline constexpr double mink_overhead_bytes_per_element = 0.129;
+/// Pack + restore time per element, in the models' FLOP unit: about two element-wise passes (one
+/// to select and pack, one to scatter back), as a batch norm costs one per element here.
+inline constexpr double mink_time_per_element = 2.0;
+
+/**
+ * @brief The MinK 0.9 storage option of a tensor of `elements` elements of `bytes_per_element`
+ * bytes: bytes = ceil(elements x (0.1 x bytes_per_element + 0.129)), time = 2 x elements.
+ */
+[[nodiscard]] storage_option mink_option(std::int64_t elements, std::int64_t bytes_per_element = 4);
 
 /** @brief The names `make` accepts: "alexnet", "vgg11", ..., "resnet50", ..., "inception_v3". */
 [[nodiscard]] std::span<const std::string_view> names() noexcept;

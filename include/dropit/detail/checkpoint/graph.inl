@@ -35,8 +35,60 @@ inline vertex_index graph::add_vertex(std::string id, cost_t cost) {
   index_.emplace(id, v);
   ids_.push_back(std::move(id));
   costs_.push_back(cost);
+  times_.push_back(std::numeric_limits<double>::quiet_NaN());
+  storage_.emplace_back();
   total_ += cost;
   return v;
+}
+
+inline void graph::set_time(vertex_index v, double time) {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  DROPIT_EXPECTS(std::isfinite(time) && time >= 0, "checkpoint: vertex ", detail::quote_id(ids_[v]),
+                 " has a bad time: ", time);
+  times_[v] = time;
+}
+
+inline void graph::add_storage(vertex_index v, storage_option option) {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  const std::string& id = ids_[v];
+  DROPIT_EXPECTS(!option.name.empty(), "checkpoint: vertex ", detail::quote_id(id),
+                 ": a storage option needs a name");
+  DROPIT_EXPECTS(option.bytes >= 0, "checkpoint: vertex ", detail::quote_id(id),
+                 ": storage option ", detail::quote_id(option.name),
+                 " has negative bytes: ", option.bytes);
+  DROPIT_EXPECTS(std::isfinite(option.time) && option.time >= 0, "checkpoint: vertex ",
+                 detail::quote_id(id), ": storage option ", detail::quote_id(option.name),
+                 " has a bad time: ", option.time);
+  for (const storage_option& o : storage_[v])
+    DROPIT_EXPECTS(o.name != option.name, "checkpoint: vertex ", detail::quote_id(id),
+                   ": duplicate storage option ", detail::quote_id(option.name));
+  storage_[v].push_back(std::move(option));
+}
+
+inline double graph::time(vertex_index v) const {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  if (!std::isnan(times_[v])) return times_[v];
+  // The input edges' compute, a repeated edge once at its largest cost.
+  std::vector<std::pair<vertex_index, double>> in;
+  for (const edge& e : edges_)
+    if (e.to == v) in.emplace_back(e.from, e.compute);
+  std::sort(in.begin(), in.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : a.second > b.second;
+  });
+  double sum = 0.0;
+  for (std::size_t i = 0; i < in.size(); ++i)
+    if (i == 0 || in[i].first != in[i - 1].first) sum += in[i].second;
+  return sum;
+}
+
+inline bool graph::has_time(vertex_index v) const {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  return !std::isnan(times_[v]);
+}
+
+inline std::span<const storage_option> graph::storage(vertex_index v) const {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  return storage_[v];
 }
 
 inline void graph::add_edge(vertex_index from, vertex_index to, double compute) {

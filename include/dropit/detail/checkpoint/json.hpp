@@ -398,7 +398,9 @@ class graph_loader {
       if (g.find(name)) fail(idv, path + ".id", "duplicate vertex id \"", name, '"');
       if (c > std::numeric_limits<cost_t>::max() - g.total_cost())
         fail(cv, path + ".cost", "the total cost overflows 64 bits");
-      g.add_vertex(std::move(name), c);
+      const vertex_index v = g.add_vertex(std::move(name), c);
+      if (const value* tv = vx.find("time")) g.set_time(v, number(*tv, path + ".time"));
+      if (const value* sv = vx.find("storage")) storage(g, v, *sv, path + ".storage");
     }
     const value& es = expect(member(doc, "document", "edges"), "edges", kind::array);
     for (std::size_t i = 0; i < es.items.size(); ++i) {
@@ -443,6 +445,23 @@ class graph_loader {
   }
 
  private:
+  /// A vertex's storage options: `[{"name": STRING, "bytes": NUMBER, "time": NUMBER}, ...]`, the
+  /// bytes read as a cost, the time optional (0).
+  void storage(graph& g, vertex_index v, const value& arr, const std::string& path) const {
+    expect(arr, path, kind::array);
+    for (std::size_t i = 0; i < arr.items.size(); ++i) {
+      const std::string at = dropit::detail::concat(path, '[', i, ']');
+      const value& ov = expect(arr.items[i], at, kind::object);
+      const value& nv = expect(member(ov, at, "name"), at + ".name", kind::string);
+      if (nv.text.empty()) fail(nv, at + ".name", "expected a non-empty name");
+      for (const storage_option& o : g.storage(v))
+        if (o.name == nv.text) fail(nv, at + ".name", "duplicate storage option \"", nv.text, '"');
+      storage_option o{nv.text, cost(member(ov, at, "bytes"), at + ".bytes"), 0.0};
+      if (const value* tv = ov.find("time")) o.time = number(*tv, at + ".time");
+      g.add_storage(v, std::move(o));
+    }
+  }
+
   std::string_view origin_;
 };
 
@@ -542,12 +561,29 @@ inline std::string to_json(const graph& g, const plan& p) {
     out += "]}";
   }
   out += p.segments.empty() ? "],\n" : "\n  ],\n";
+  out += "  \"compressed\": [";
+  for (std::size_t i = 0; i < p.compressed.size(); ++i) {
+    const compression& c = p.compressed[i];
+    const storage_option& o = g.storage(c.vertex)[c.option];
+    out += i ? ",\n    {\"vertex\": " : "\n    {\"vertex\": ";
+    write_id(out, g.id(c.vertex));
+    out += ", \"option\": ";
+    write_string(out, o.name);
+    out += ", \"bytes\": " + std::to_string(o.bytes) + ", \"time\": ";
+    write_double(out, o.time);
+    out += "}";
+  }
+  out += p.compressed.empty() ? "],\n" : "\n  ],\n";
   out += "  \"cost\": " + std::to_string(p.cost) + ",\n";
   out += "  \"checkpoint_cost\": " + std::to_string(p.checkpoint_cost) + ",\n";
+  out += "  \"compressed_cost\": " + std::to_string(p.compressed_cost) + ",\n";
   out += "  \"max_segment_cost\": " + std::to_string(p.max_segment_cost) + ",\n";
   out += "  \"regular_cost\": " + std::to_string(p.regular_cost) + ",\n";
   out += "  \"recompute\": ";
   write_double(out, p.recompute);
+  out += ",\n  \"extra_time\": ";
+  write_double(out, p.extra_time);
+  out += p.exact ? ",\n  \"exact\": true" : ",\n  \"exact\": false";
   out += ",\n  \"solve_seconds\": ";
   write_double(out, p.solve_seconds);
   out += "\n}\n";
@@ -564,7 +600,21 @@ inline std::string to_json(const graph& g) {
   for (vertex_index v = 0; v < g.vertex_count(); ++v) {
     out += v ? ",\n    {\"id\": " : "\n    {\"id\": ";
     write_id(out, g.id(v));
-    out += ", \"cost\": " + std::to_string(g.cost(v)) + "}";
+    out += ", \"cost\": " + std::to_string(g.cost(v));
+    if (g.has_time(v)) {
+      out += ", \"time\": ";
+      write_double(out, g.time(v));
+    }
+    const auto st = g.storage(v);
+    for (std::size_t i = 0; i < st.size(); ++i) {
+      out += i ? ", {\"name\": " : ", \"storage\": [{\"name\": ";
+      write_string(out, st[i].name);
+      out += ", \"bytes\": " + std::to_string(st[i].bytes) + ", \"time\": ";
+      write_double(out, st[i].time);
+      out += "}";
+    }
+    if (!st.empty()) out += "]";
+    out += "}";
   }
   out += g.vertex_count() ? "\n  ],\n  \"edges\": [" : "],\n  \"edges\": [";
   for (std::size_t i = 0; i < g.edges().size(); ++i) {

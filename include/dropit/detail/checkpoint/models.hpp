@@ -11,6 +11,7 @@
 
 #include <array>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -52,6 +53,8 @@ class net {
                    ")");
     const std::int64_t cost = checked(checked(checked(checked(batch_, c), h), w), bytes_);
     const vertex_index v = g_.add_vertex(std::move(name), cost);
+    conv_input_.push_back(0);
+    exact_input_.push_back(0);
     bool first = true;
     for (const tensor* in : inputs) {
       g_.add_edge(in->v, v, first ? flops : 0.0);
@@ -68,6 +71,7 @@ class net {
     const std::int64_t w = side(x.w, k[1], stride[1], pad[1]);
     const double flops = 2.0 * static_cast<double>(batch_) * static_cast<double>(out * h * w) *
                          static_cast<double>(x.c * k[0] * k[1]);
+    conv_input_[x.v] = 1;
     return add(std::move(name), {&x}, out, h, w, flops);
   }
   tensor conv(const tensor& x, std::string name, std::int64_t out, std::int64_t k,
@@ -76,6 +80,7 @@ class net {
   }
   /// An op that keeps the shape (batch norm, dropout), priced per element.
   tensor same(const tensor& x, std::string name) {
+    exact_input_[x.v] = 1;
     return add(std::move(name), {&x}, x.c, x.h, x.w, elements(x));
   }
   /// Max or average pooling, floor mode.
@@ -83,9 +88,11 @@ class net {
               std::int64_t pad = 0) {
     const std::int64_t h = side(x.h, k, stride, pad);
     const std::int64_t w = side(x.w, k, stride, pad);
+    exact_input_[x.v] = 1;
     return add(std::move(name), {&x}, x.c, h, w, elements(x));
   }
   tensor adaptive_pool(const tensor& x, std::string name, std::int64_t h, std::int64_t w) {
+    exact_input_[x.v] = 1;
     return add(std::move(name), {&x}, x.c, h, w, elements(x));
   }
   tensor flatten(const tensor& x, std::string name) {
@@ -94,6 +101,7 @@ class net {
   tensor linear(const tensor& x, std::string name, std::int64_t out) {
     const double flops = 2.0 * static_cast<double>(batch_) * static_cast<double>(x.c * x.h * x.w) *
                          static_cast<double>(out);
+    conv_input_[x.v] = 1;
     return add(std::move(name), {&x}, out, 1, 1, flops);
   }
   /// Element-wise sum (ResNet's residual add; the ReLU after it is in place).
@@ -111,9 +119,15 @@ class net {
     return out;
   }
 
+  /// Sets the source and the target, and offers MinK 0.9 storage on every inner tensor that a
+  /// conv or linear op reads and no op reads exactly in backward (batch norm, pooling: their
+  /// backward needs the exact input; add and concat read none).
   graph finish(const tensor& out) {
     g_.set_source(input_.v);
     g_.set_target(out.v);
+    for (vertex_index v = 0; v < g_.vertex_count(); ++v)
+      if (conv_input_[v] && !exact_input_[v] && v != input_.v && v != out.v)
+        g_.add_storage(v, ::dropit::checkpoint::models::mink_option(g_.cost(v) / bytes_, bytes_));
     return std::move(g_);
   }
 
@@ -134,6 +148,7 @@ class net {
   std::string model_;
   std::int64_t batch_, bytes_;
   graph g_;
+  std::vector<char> conv_input_, exact_input_;  // per vertex: read by conv/linear; read exactly
   tensor input_{};
 };
 
@@ -445,6 +460,15 @@ inline graph densenet(int depth, input_shape in, std::int64_t bytes_per_element)
 }
 inline graph inception_v3(input_shape in, std::int64_t bytes_per_element) {
   return detail::models::build_inception_v3(in, bytes_per_element);
+}
+
+inline storage_option mink_option(std::int64_t elements, std::int64_t bytes_per_element) {
+  DROPIT_EXPECTS(elements >= 0 && bytes_per_element > 0, "checkpoint: models: mink_option: bad ",
+                 "size (", elements, " elements of ", bytes_per_element, " bytes)");
+  const double per_element =
+      0.1 * static_cast<double>(bytes_per_element) + mink_overhead_bytes_per_element;
+  return {"MinK 0.9", static_cast<cost_t>(std::ceil(static_cast<double>(elements) * per_element)),
+          mink_time_per_element * static_cast<double>(elements)};
 }
 
 inline std::span<const std::string_view> names() noexcept {

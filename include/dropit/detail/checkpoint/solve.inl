@@ -202,15 +202,42 @@ class optimizer {
   std::vector<std::size_t> queue_;
 };
 
+/// Every vertex's time (`graph::time`) in O(m log m).
+[[nodiscard]] inline std::vector<double> vertex_times(const graph& g) {
+  std::vector<double> t(g.vertex_count(), 0.0);
+  std::vector<edge> es(g.edges().begin(), g.edges().end());
+  std::sort(es.begin(), es.end(), [](const edge& a, const edge& b) {
+    return a.from != b.from ? a.from < b.from : a.to != b.to ? a.to < b.to : a.compute > b.compute;
+  });
+  for (std::size_t i = 0; i < es.size(); ++i)
+    if (i == 0 || es[i].from != es[i - 1].from || es[i].to != es[i - 1].to)
+      t[es[i].to] += es[i].compute;
+  for (vertex_index v = 0; v < g.vertex_count(); ++v)
+    if (g.has_time(v)) t[v] = g.time(v);
+  return t;
+}
+
 /// Sorts, prices and checks a plan; `recompute` sums the compute cost of the operations (edges,
-/// a repeated one once) into segments.
+/// a repeated one once) into segments; `extra_time` the dropped vertices' times and the
+/// compressed ones' options.
 inline plan finish_plan(const graph& g, const dag& d, std::vector<vertex_index> keep,
-                        std::vector<segment> segs) {
+                        std::vector<segment> segs, std::vector<compression> compressed = {}) {
   plan p;
   auto by_pos = [&](vertex_index a, vertex_index b) { return d.pos[a] < d.pos[b]; };
   std::sort(keep.begin(), keep.end(), by_pos);
   for (vertex_index v : keep)
     p.checkpoint_cost += d.cost[v];
+  const std::vector<double> times = vertex_times(g);
+  p.decisions.assign(d.n, decision::keep);
+  std::sort(compressed.begin(), compressed.end(), [&](const compression& a, const compression& b) {
+    return d.pos[a.vertex] < d.pos[b.vertex];
+  });
+  for (const compression& c : compressed) {
+    const storage_option& o = g.storage(c.vertex)[c.option];
+    p.compressed_cost += o.bytes;
+    p.extra_time += o.time;
+    p.decisions[c.vertex] = decision::compress;
+  }
   std::vector<char> in_segment(d.n, 0);
   for (segment& sg : segs) {
     std::sort(sg.vertices.begin(), sg.vertices.end(), by_pos);
@@ -218,6 +245,8 @@ inline plan finish_plan(const graph& g, const dag& d, std::vector<vertex_index> 
     for (vertex_index v : sg.vertices) {
       sg.cost += d.cost[v];
       in_segment[v] = 1;
+      p.decisions[v] = decision::drop;
+      p.extra_time += times[v];
     }
     p.max_segment_cost = std::max(p.max_segment_cost, sg.cost);
   }
@@ -237,7 +266,8 @@ inline plan finish_plan(const graph& g, const dag& d, std::vector<vertex_index> 
       p.recompute += rerun[i].compute;
   p.checkpoints = std::move(keep);
   p.segments = std::move(segs);
-  p.cost = p.checkpoint_cost + p.max_segment_cost;
+  p.compressed = std::move(compressed);
+  p.cost = p.checkpoint_cost + p.compressed_cost + p.max_segment_cost;
   p.regular_cost = g.total_cost();
   return p;
 }
@@ -354,18 +384,29 @@ inline plan solve_linear(const graph& g) {
   return p;
 }
 
-inline plan evaluate(const graph& g, std::span<const vertex_index> checkpoints) {
-  using detail::quote_id;
-  const auto start = std::chrono::steady_clock::now();
-  const detail::dag d = detail::make_dag(g);
-  std::vector<char> kept(d.n, 0);
+namespace detail {
+
+/// `evaluate` on a validated graph: segments are the connected groups of dropped vertices (neither
+/// kept nor compressed), each with one entry (never a compressed vertex) and one exit.
+inline plan evaluate_sets(const graph& g, const dag& d, std::span<const vertex_index> checkpoints,
+                          std::span<const compression> compressed) {
+  std::vector<char> kept(d.n, 0), packed(d.n, 0);
   kept[d.source] = kept[d.target] = 1;
-  for (vertex_index v : checkpoints) {
+  auto claim = [&](vertex_index v) {
     DROPIT_EXPECTS(v < d.n, "checkpoint: evaluate: vertex index ", v, " out of range");
     DROPIT_EXPECTS(v != d.source && v != d.target, "checkpoint: evaluate: ", quote_id(g.id(v)),
                    " is the source or the target, which are always kept");
-    DROPIT_EXPECTS(!kept[v], "checkpoint: evaluate: checkpoint ", quote_id(g.id(v)), " repeats");
+    DROPIT_EXPECTS(!kept[v], "checkpoint: evaluate: vertex ", quote_id(g.id(v)), " repeats");
     kept[v] = 1;
+  };
+  for (vertex_index v : checkpoints)
+    claim(v);
+  for (const compression& c : compressed) {
+    claim(c.vertex);
+    DROPIT_EXPECTS(c.option < g.storage(c.vertex).size(), "checkpoint: evaluate: vertex ",
+                   quote_id(g.id(c.vertex)), " has no storage option ", c.option, " (it has ",
+                   g.storage(c.vertex).size(), ")");
+    packed[c.vertex] = 1;
   }
   // Segments: connected groups of dropped vertices, each with one entry and one exit.
   std::vector<segment> segs;
@@ -398,10 +439,27 @@ inline plan evaluate(const graph& g, std::span<const vertex_index> checkpoints) 
                    quote_id(g.id(root)), " in a group that feeds ", exits.size(), " vertices (",
                    quote_id(g.id(exits[0])), " and ", quote_id(g.id(exits[1])),
                    "); a segment needs one exit");
+    DROPIT_EXPECTS(!packed[entries[0]], "checkpoint: evaluate: compressed vertex ",
+                   quote_id(g.id(entries[0])), " would be the entry of the segment of ",
+                   quote_id(g.id(root)), "; a segment is recomputed from an exact tensor");
     segs.push_back(segment{entries[0], exits[0], std::move(group), 0});
   }
   std::vector<vertex_index> keep(checkpoints.begin(), checkpoints.end());
-  plan p = detail::finish_plan(g, d, std::move(keep), std::move(segs));
+  return finish_plan(g, d, std::move(keep), std::move(segs),
+                     std::vector<compression>(compressed.begin(), compressed.end()));
+}
+
+}  // namespace detail
+
+inline plan evaluate(const graph& g, std::span<const vertex_index> checkpoints) {
+  return evaluate(g, checkpoints, {});
+}
+
+inline plan evaluate(const graph& g, std::span<const vertex_index> checkpoints,
+                     std::span<const compression> compressed) {
+  const auto start = std::chrono::steady_clock::now();
+  const detail::dag d = detail::make_dag(g);
+  plan p = detail::evaluate_sets(g, d, checkpoints, compressed);
   p.solve_seconds = detail::seconds_since(start);
   return p;
 }
