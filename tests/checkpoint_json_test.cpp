@@ -337,3 +337,99 @@ TEST_CASE("mangled files are rejected with dropit::error, never anything worse")
   CHECK(parsed + rejected == 3000);
   CHECK(rejected > 1000);  // most edits break something
 }
+
+TEST_CASE("v2 keys: vertex times and storage options, read, written and planned") {
+  const std::string text = R"({"source": "s", "target": "t", "vertices": [
+ {"id": "s", "cost": 1},
+ {"id": "a", "cost": 8, "time": 5, "storage": [{"name": "MinK 0.9", "bytes": 2.5, "time": 1},
+                                               {"name": "int8", "bytes": 3}]},
+ {"id": "b", "cost": 6},
+ {"id": "t", "cost": 1}],
+ "edges": [{"u": "s", "v": "a"}, {"u": "a", "v": "b", "compute": 4}, {"u": "b", "v": "t"}]})";
+  const ck::graph g = ck::parse_graph_json(text, "g.json");
+  const ck::vertex_index a = *g.find("a"), b = *g.find("b");
+  CHECK(g.has_time(a));
+  CHECK(g.time(a) == 5.0);
+  CHECK(!g.has_time(b));
+  CHECK(g.time(b) == 4.0);  // no "time": its input edges' compute
+  REQUIRE(g.storage(a).size() == 2);
+  CHECK(g.storage(a)[0].name == "MinK 0.9");
+  CHECK(g.storage(a)[0].bytes == 3);  // rounded up, as costs are
+  CHECK(g.storage(a)[0].time == 1.0);
+  CHECK(g.storage(a)[1].time == 0.0);  // "time" is optional
+  CHECK(g.storage(b).empty());
+  // The graph writer keeps both keys; reading its output gives the same graph.
+  const std::string written = ck::to_json(g);
+  CHECK(written.find(R"("time": 5, "storage": [{"name": "MinK 0.9", "bytes": 3, "time": 1})") !=
+        std::string::npos);
+  const ck::graph again = ck::parse_graph_json(written);
+  CHECK(again.time(*again.find("a")) == 5.0);
+  CHECK(!again.has_time(*again.find("b")));
+  REQUIRE(again.storage(*again.find("a")).size() == 2);
+  CHECK(again.storage(*again.find("a"))[1].name == "int8");
+  // Budget 9: "a" stored as int8 (3 bytes, no time) and "b" kept: 3 + 6; the plan writer lists
+  // the compressed vertex with its option, and the extra time.
+  const ck::plan p = ck::solve_budget(g, 9);
+  CHECK(p.cost == 9);
+  REQUIRE(p.compressed.size() == 1);
+  CHECK(p.compressed[0].vertex == a);
+  CHECK(p.compressed[0].option == 1);
+  const std::string js = ck::to_json(g, p);
+  CHECK(js.find(R"("compressed": [)"
+                "\n"
+                R"(    {"vertex": "a", "option": "int8", "bytes": 3, "time": 0})") !=
+        std::string::npos);
+  CHECK(number_after(js, "compressed_cost") == 3.0);
+  CHECK(number_after(js, "extra_time") == 0.0);
+  CHECK(js.find("\"exact\": true") != std::string::npos);
+  // Budget 3: "a" compressed and "b" dropped is not allowed ("b" would be recomputed from the
+  // compressed "a"): 3 + 6 is the least with "a" compressed; dropping both costs 14.
+  CHECK_THROWS_WITH_AS((void)ck::solve_budget(g, 8), doctest::Contains("the least memory is 9"),
+                       dropit::error);
+  // A plan of solve() still writes every key: no compression; solve() drops "a" and "b" (one
+  // segment of 14), so the extra time is their times, 5 + 4, while `recompute` sums the edges'
+  // compute into them, 0 + 4.
+  const ck::plan old_plan = ck::solve(g);
+  REQUIRE(old_plan.cost == 14);
+  const std::string old = ck::to_json(g, old_plan);
+  CHECK(old.find("\"compressed\": [],") != std::string::npos);
+  CHECK(number_after(old, "extra_time") == 9.0);
+  CHECK(number_after(old, "recompute") == 4.0);
+}
+
+TEST_CASE("v2 keys: errors name the line, column and key path") {
+  auto doc = [](const std::string& extra) {
+    return std::string(R"({"source": 1, "target": 2, "vertices": [{"id": 1, "cost": 1},)") + "\n" +
+           R"({"id": 3, "cost": 5)" + extra + "},\n" + R"({"id": 2, "cost": 1}],)" +
+           R"( "edges": [{"u": 1, "v": 3}, {"u": 3, "v": 2}]})";
+  };
+  CHECK(error_of(doc("")) == "");
+  CHECK(error_of(doc(R"(, "time": 2.5, "storage": [])")) == "");
+  CHECK(error_of(doc(R"(, "time": -1)")) ==
+        "dropit: g.json:2:30: vertices[1].time: expected a finite non-negative number, got -1");
+  CHECK(error_of(doc(R"(, "time": "1")")) ==
+        "dropit: g.json:2:30: vertices[1].time: expected a finite non-negative number, got a "
+        "string");
+  CHECK(error_of(doc(R"(, "storage": {})")) ==
+        "dropit: g.json:2:33: vertices[1].storage: expected an array, got an object");
+  CHECK(error_of(doc(R"(, "storage": [7])")) ==
+        "dropit: g.json:2:34: vertices[1].storage[0]: expected an object, got a number");
+  CHECK(error_of(doc(R"(, "storage": [{"bytes": 1}])")) ==
+        "dropit: g.json:2:34: vertices[1].storage[0]: missing key \"name\"");
+  CHECK(error_of(doc(R"(, "storage": [{"name": 4, "bytes": 1}])")) ==
+        "dropit: g.json:2:43: vertices[1].storage[0].name: expected a string, got a number");
+  CHECK(error_of(doc(R"(, "storage": [{"name": "", "bytes": 1}])")) ==
+        "dropit: g.json:2:43: vertices[1].storage[0].name: expected a non-empty name");
+  CHECK(error_of(doc(R"(, "storage": [{"name": "q"}])")) ==
+        "dropit: g.json:2:34: vertices[1].storage[0]: missing key \"bytes\"");
+  CHECK(error_of(doc(R"(, "storage": [{"name": "q", "bytes": -2}])")) ==
+        "dropit: g.json:2:57: vertices[1].storage[0].bytes: expected a finite non-negative "
+        "number of bytes (at most 2^63 - 1), got -2");
+  CHECK(error_of(doc(R"(, "storage": [{"name": "q", "bytes": 1, "time": -0.5}])")) ==
+        "dropit: g.json:2:68: vertices[1].storage[0].time: expected a finite non-negative number, "
+        "got -0.5");
+  CHECK(error_of(doc(R"(, "storage": [{"name": "q", "bytes": 1}, {"name": "q", "bytes": 2}])")) ==
+        "dropit: g.json:2:70: vertices[1].storage[1].name: duplicate storage option \"q\"");
+  CHECK(error_of(doc(R"(, "storage": [{"name": "q", "bytes": 1, "time": NaN}])"))
+            .starts_with("dropit: g.json:2:68: vertices[1].storage[0].time: syntax error"));
+}
