@@ -2,6 +2,9 @@
 #   -DEXE=... -DARGS=a|b|c -DEXPECT_COST=N   the JSON plan's "cost" must be N
 #   -DEXE=... -DROUNDTRIP=model -DWORK=dir  --dump, then --graph on the dump == --model
 #   -DEXE=... -DBAD_JSON=1 -DWORK=dir       a syntax error is reported as file:line:column: key
+#   -DEXE=... -DBUDGET=model                --budget at the model's least recompute-only memory
+#                                           (from --model): within it, and faster with storage
+#                                           than --recompute-only; --frontier starts there
 #   -DEXE=... -DTABLE=1                     the model table: every model's row, checked against
 #                                           the input sizes and cut-offs the seed published and
 #                                           against the JSON plan of the same model
@@ -51,6 +54,41 @@ elseif(DEFINED ROUNDTRIP)
     message(FATAL_ERROR "--model gives cost ${a} (${ca} checkpoints), --graph on the dump ${b} (${cb})")
   endif()
   message(STATUS "cost ${a}, ${ca} checkpoints both ways")
+elseif(DEFINED BUDGET)
+  run_plan(base --model ${BUDGET})
+  string(JSON least GET "${base}" cost)
+  # --budget takes MiB; give the least in MiB, rounded up to 1/1024 MiB (1 KiB) above it.
+  math(EXPR kib "(${least} + 1023) / 1024")
+  math(EXPR whole "${kib} / 1024")
+  math(EXPR frac "${kib} % 1024")
+  math(EXPR budget_bytes "${kib} * 1024")
+  # MiB with enough decimals: whole + frac / 1024 written exactly (1/1024 = 0.0009765625).
+  math(EXPR frac_digits "${frac} * 9765625")
+  string(LENGTH "${frac_digits}" len)
+  while(len LESS 10)
+    set(frac_digits "0${frac_digits}")
+    math(EXPR len "${len} + 1")
+  endwhile()
+  set(mib "${whole}.${frac_digits}")
+  run_plan(with --model ${BUDGET} --budget ${mib})
+  run_plan(without --model ${BUDGET} --budget ${mib} --recompute-only)
+  string(JSON with_cost GET "${with}" cost)
+  string(JSON with_time GET "${with}" extra_time)
+  string(JSON without_time GET "${without}" extra_time)
+  string(JSON packed LENGTH "${with}" compressed)
+  string(JSON none LENGTH "${without}" compressed)
+  if(with_cost GREATER budget_bytes OR packed EQUAL 0 OR NOT none EQUAL 0 OR
+     NOT with_time LESS without_time)
+    message(FATAL_ERROR "budget ${mib} MiB (${budget_bytes} B): with storage cost ${with_cost}, "
+                        "time ${with_time}, ${packed} compressed; recompute-only time "
+                        "${without_time}, ${none} compressed")
+  endif()
+  run_plan(front --model ${BUDGET} --frontier)
+  if(NOT front MATCHES "^# [0-9]+ points, exact")
+    message(FATAL_ERROR "--frontier printed: ${front}")
+  endif()
+  message(STATUS "budget ${mib} MiB: ${with_time} with storage (${packed} compressed) vs "
+                 "${without_time}")
 elseif(DEFINED BAD_JSON)
   file(WRITE ${WORK}/bad.json "{\"source\": 0, \"target\": 1,\n  \"vertices\": [{\"id\": 0, \"cost\": 1},]\n}\n")
   execute_process(COMMAND ${EXE} --graph ${WORK}/bad.json OUTPUT_VARIABLE out ERROR_VARIABLE err

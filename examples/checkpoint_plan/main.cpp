@@ -4,10 +4,15 @@
 //   checkpoint_plan --graph FILE.json       plan a graph; print the plan as JSON
 //   checkpoint_plan --model NAME [--batch N] [--size H]   plan a built-in model; print JSON
 //   checkpoint_plan --dump NAME [--batch N] [--size H]    print a built-in model's graph as JSON
+//   ... --model NAME | --graph FILE  with  --budget MiB   the fastest plan within the budget (JSON)
+//   ... --model NAME | --graph FILE  with  --frontier     the memory / extra time frontier (table)
+//   checkpoint_plan --budget-table          recompute-only vs with storage at the least budget
+//   --recompute-only                        ignore storage options (--budget, --frontier)
 #include <dropit/checkpoint.hpp>
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -94,21 +99,90 @@ void print_table() {
       "taken as 2x forward). solve ms: median of 7 solves on one core.\n");
 }
 
+/// Forward FLOPs of a graph: the sum of its edges' compute (the models' FLOP estimates).
+double forward_flops(const ck::graph& g) {
+  double forward = 0.0;
+  for (const ck::edge& e : g.edges())
+    forward += e.compute;
+  return forward;
+}
+
+/// Recompute-only vs with storage options at the recompute-only least budget, for every model at
+/// the seed's input size. Extra time as a share of forward + backward FLOPs (backward 2x forward).
+void print_budget_table() {
+  constexpr double mib = 1024.0 * 1024.0;
+  ck::budget_options recompute_only;
+  recompute_only.use_storage = false;
+  std::printf(
+      "Least budget of recompute-only plans (= solve), extra time there, with and without "
+      "storage options (MinK 0.9 on conv/linear inputs)\n");
+  std::printf("%-13s %-18s %10s %10s %10s %10s %12s %8s\n", "model", "input", "budget MiB",
+              "recompute", "+storage", "packed", "least MiB", "ms");
+  for (const seed_row& r : seed_table) {
+    const ck::graph g = ck::models::make(r.model, r.input);
+    const double work = 3.0 * forward_flops(g);
+    const auto start = std::chrono::steady_clock::now();
+    const ck::cost_t budget = ck::solve(g).cost;
+    const ck::plan without = ck::solve_budget(g, budget, recompute_only);
+    const ck::plan with = ck::solve_budget(g, budget);
+    const ck::cost_t least = ck::least_memory(g);
+    const double ms =
+        1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    char input[32];
+    std::snprintf(input, sizeof input, "(%lld,%lld,%lld,%lld)",
+                  static_cast<long long>(r.input.batch), static_cast<long long>(r.input.channels),
+                  static_cast<long long>(r.input.height), static_cast<long long>(r.input.width));
+    std::printf("%-13s %-18s %10.1f %9.2f%% %9.2f%% %10zu %12.1f %8.0f\n",
+                std::string(r.model).c_str(), input, static_cast<double>(budget) / mib,
+                100.0 * without.extra_time / work, 100.0 * with.extra_time / work,
+                with.compressed.size(), static_cast<double>(least) / mib, ms);
+    std::fflush(stdout);
+  }
+  std::printf(
+      "recompute / +storage: extra time (FLOPs recomputed, plus 2 per element packed and\n"
+      "restored) over the FLOPs of forward + backward, at the budget; packed: tensors stored\n"
+      "MinK 0.9 in that plan; least MiB: the least memory of any plan with storage;\n"
+      "ms: the whole row (solve, two solve_budget, least_memory).\n");
+}
+
+/// The frontier as a table: memory (bytes and MiB), extra time (and its share of forward +
+/// backward when the graph has compute costs).
+void print_frontier(const ck::graph& g, const ck::budget_options& options) {
+  const ck::frontier f = ck::solve_frontier(g, options);
+  const double work = 3.0 * forward_flops(g);
+  std::printf("# %zu points, %s, %zu passes, %.3f s\n", f.points.size(),
+              f.exact ? "exact" : "heuristic", f.search_passes, f.solve_seconds);
+  std::printf("%16s %12s %14s %8s\n", "memory", "MiB", "extra_time", "share");
+  for (const ck::frontier_point& p : f.points)
+    std::printf("%16lld %12.2f %14.6g %7.2f%%\n", static_cast<long long>(p.memory),
+                static_cast<double>(p.memory) / (1024.0 * 1024.0), p.extra_time,
+                work > 0 ? 100.0 * p.extra_time / work : 0.0);
+}
+
 int usage(int code) {
-  std::fprintf(code ? stderr : stdout,
-               "usage: checkpoint_plan                      print the model table\n"
-               "       checkpoint_plan --graph FILE.json    plan a graph, print the plan as JSON\n"
-               "       checkpoint_plan --model NAME [--batch N] [--size H]\n"
-               "       checkpoint_plan --dump NAME [--batch N] [--size H]\n"
-               "graph JSON: {\"source\": ID, \"target\": ID, \"vertices\": [{\"id\": ID, \"cost\": "
-               "BYTES}, ...],\n"
-               "             \"edges\": [{\"u\": ID, \"v\": ID}, ...]}\n"
-               "            (BYTES: a non-negative number; a fraction is rounded up)\n"
-               "models:");
+  std::fprintf(
+      code ? stderr : stdout,
+      "usage: checkpoint_plan                      print the model table\n"
+      "       checkpoint_plan --graph FILE.json    plan a graph, print the plan as JSON\n"
+      "       checkpoint_plan --model NAME [--batch N] [--size H]\n"
+      "       checkpoint_plan --dump NAME [--batch N] [--size H]\n"
+      "       checkpoint_plan --model NAME | --graph FILE.json  --budget MiB | --frontier\n"
+      "                       [--recompute-only]\n"
+      "       checkpoint_plan --budget-table\n"
+      "graph JSON: {\"source\": ID, \"target\": ID, \"vertices\": [{\"id\": ID, \"cost\": "
+      "BYTES}, ...],\n"
+      "             \"edges\": [{\"u\": ID, \"v\": ID}, ...]}\n"
+      "            (BYTES: a non-negative number; a fraction is rounded up)\n"
+      "models:");
   for (std::string_view m : ck::models::names())
     std::fprintf(code ? stderr : stdout, " %s", std::string(m).c_str());
   std::fprintf(code ? stderr : stdout, "\n");
   return code;
+}
+
+bool parse_mib(std::string_view s, double& out) {
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+  return r.ec == std::errc{} && r.ptr == s.data() + s.size() && out >= 0.0 && out < 8.0e12;
 }
 
 bool parse_int(std::string_view s, std::int64_t& out) {
@@ -122,6 +196,9 @@ int main(int argc, char** argv) {
   std::vector<std::string_view> args(argv + 1, argv + argc);
   std::string_view graph_file, model, mode;
   std::int64_t batch = 0, size = 0;
+  double budget_mib = -1.0;
+  bool frontier = false, budget_table = false;
+  ck::budget_options options;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string_view a = args[i];
     const bool has_value = i + 1 < args.size();
@@ -134,19 +211,46 @@ int main(int argc, char** argv) {
       ++i;
     } else if (a == "--size" && has_value && parse_int(args[i + 1], size)) {
       ++i;
+    } else if (a == "--budget" && has_value && parse_mib(args[i + 1], budget_mib)) {
+      ++i;
+    } else if (a == "--frontier") {
+      frontier = true;
+    } else if (a == "--budget-table") {
+      budget_table = true;
+    } else if (a == "--recompute-only") {
+      options.use_storage = false;
     } else {
       std::fprintf(stderr, "checkpoint_plan: bad argument '%s'\n", std::string(a).c_str());
       return usage(2);
     }
   }
+  const bool v2 = budget_mib >= 0.0 || frontier;
+  if (budget_table ? !mode.empty() || v2
+                   : v2 && (mode.empty() || mode == "--dump" || (budget_mib >= 0.0 && frontier)))
+    return usage(2);
+  // A budget in MiB, rounded down to whole bytes (cost units for a JSON graph).
+  const auto budget = static_cast<ck::cost_t>(budget_mib * 1024.0 * 1024.0);
+  auto run_v2 = [&](const ck::graph& g) {
+    if (frontier)
+      print_frontier(g, options);
+    else
+      std::fputs(ck::to_json(g, ck::solve_budget(g, budget, options)).c_str(), stdout);
+  };
   try {
+    if (budget_table) {
+      print_budget_table();
+      return 0;
+    }
     if (mode.empty()) {
       print_table();
       return 0;
     }
     if (mode == "--graph") {
       const ck::graph g = ck::load_graph_json(std::string(graph_file));
-      std::fputs(ck::to_json(g, ck::solve(g)).c_str(), stdout);
+      if (v2)
+        run_v2(g);
+      else
+        std::fputs(ck::to_json(g, ck::solve(g)).c_str(), stdout);
       return 0;
     }
     const seed_row* seed = seed_for(model);
@@ -154,6 +258,10 @@ int main(int argc, char** argv) {
     if (batch) in.batch = batch;
     if (size) in.height = in.width = size;
     const ck::graph g = ck::models::make(model, in);
+    if (v2) {
+      run_v2(g);
+      return 0;
+    }
     std::fputs(mode == "--dump" ? ck::to_json(g).c_str() : ck::to_json(g, ck::solve(g)).c_str(),
                stdout);
     return 0;
