@@ -209,6 +209,20 @@ DROPIT_TARGET_AVX512 inline void store_avx512(T* at, __m512i value) noexcept {
   }
 }
 
+/// Copies `count` elements from `in` to `out` (both 64-byte aligned) with non-temporal stores,
+/// whole 64-byte lines; a last partial line with ordinary stores.
+template <class T>
+DROPIT_TARGET_AVX512 inline void stream_copy_avx512(T* out, const T* in,
+                                                    std::size_t count) noexcept {
+  const std::size_t bytes = count * sizeof(T);
+  const std::size_t lines = bytes / 64;
+  for (std::size_t i = 0; i < lines; ++i)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(out) + i,
+                        _mm512_load_si512(reinterpret_cast<const __m512i*>(in) + i));
+  std::memcpy(reinterpret_cast<std::byte*>(out) + lines * 64,
+              reinterpret_cast<const std::byte*>(in) + lines * 64, bytes - lines * 64);
+}
+
 /// AVX-512, 4- and 8-byte elements: restores full words [w0, w1) (values unscaled); returns the
 /// values not yet used. `Stream`: the output is 64-byte aligned and written with non-temporal
 /// stores (no read for ownership of lines that will not stay in the cache anyway).

@@ -2,9 +2,9 @@
  * @file elias_fano_bmi2.hpp
  * @brief The host's Elias-Fano coder with BMI2: an encoder for 2 to 4 low bits (gamma about 0.75 to
  * 0.97), a bitmask word at a time with bit deposit and extract instead of a kept element at a time,
- * and decoders for 1 to 8 low bits, into a bitmask or straight into the output. The same bytes as
- * `ef_encode_block` and `ef_decode_block` (detail/elias_fano.hpp), which the tests check on every
- * instruction set.
+ * and a decoder for 1 to 8 low bits that restores straight into the output. The same bytes as
+ * `ef_encode_block` and the restore through `ef_decode_block` (detail/elias_fano.hpp), which the
+ * tests check on every instruction set.
  *
  * With L <= 4 a 32-bit bitmask word holds G = 32 >> L whole buckets of 2^L elements, so its part of
  * the high array is, bucket by bucket, as many ones as the bucket keeps and a zero: depositing the
@@ -188,45 +188,10 @@ DROPIT_TARGET_AVX2 inline std::size_t ef_visit_block_bmi2(const ef_shape& s,
   return kb;
 }
 
-/// `ef_decode_block` for 1 <= s.l <= 8 with BMI2, on a little-endian host: each kept element's
-/// bit is set in a 64-bit word held in a register, stored after every bit (a store, no load).
-template <class Offset>
-DROPIT_TARGET_AVX2 void ef_decode_block_bmi2(const ef_shape& s, const std::uint64_t* low,
-                                             const std::uint64_t* high, const Offset* ef_offsets,
-                                             std::size_t b, std::uint32_t* words,
-                                             Offset* counts) noexcept {
-  const std::size_t start = b * ef_block_elements;
-  const std::size_t total_words = (s.n + word_elements - 1) / word_elements;
-  const std::size_t nw = total_words - start / word_elements < ef_block_words
-                             ? total_words - start / word_elements
-                             : ef_block_words;
-  std::memset(words, 0, (nw + (nw & 1)) * sizeof(std::uint32_t));
-  std::size_t at = 0;
-  std::uint64_t acc = 0;
-  const std::size_t kb =
-      ef_visit_block_bmi2(s, low, high, ef_offsets, b, [&](std::size_t local, std::size_t) {
-        const std::size_t w = local / 64;
-        // A mask, not a conditional: compilers turn `w == at ? acc : 0` into a branch that
-        // misses at about every new word.
-        acc = (acc & (std::uint64_t{0} - static_cast<std::uint64_t>(w == at))) |
-              std::uint64_t{1} << (local % 64);
-        at = w;
-        std::memcpy(words + 2 * w, &acc, sizeof acc);
-      });
-  std::size_t running = kb;
-  constexpr std::size_t per_sub = block_elements / word_elements;
-  for (std::size_t c = 0; c * per_sub < nw; ++c) {
-    counts[c] = static_cast<Offset>(running);
-    for (std::size_t w = c * per_sub; w < nw && w < (c + 1) * per_sub; ++w)
-      running += static_cast<std::size_t>(__builtin_popcount(words[w]));
-  }
-}
-
 /**
  * Restores Elias-Fano block b straight into `out` (the block's first output) with BMI2, without a
  * bitmask: zeros over the block, then each kept value (from `values`, the payload's first) at its
- * index. For outputs that stay in cache; a restore that streams its output past the cache writes
- * whole lines from a bitmask instead (`host_expand_bitmask`).
+ * index (`out` may be a stage in cache that the caller streams out).
  */
 template <class T, class Offset>
 DROPIT_TARGET_AVX2 void ef_scatter_block_bmi2(const ef_shape& s, const std::uint64_t* low,

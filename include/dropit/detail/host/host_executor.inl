@@ -175,9 +175,10 @@ void host_encode_positions(const std::uint32_t* words, const Offset* counts, con
   });
 }
 
-/// Restores Elias-Fano blocks [b0, b1). With BMI2 and an output that stays in cache: zeros and
-/// each kept value at its index. Else each block is decoded into a bitmask on the stack, then
-/// expanded as the bitmask encoding is (whole lines, non-temporal when `stream`).
+/// Restores Elias-Fano blocks [b0, b1). With BMI2: zeros and each kept value at its index,
+/// straight into the output, or (`stream`) into a stage in cache copied out in whole lines with
+/// non-temporal stores. Else each block is decoded into a bitmask on the stack, then expanded as
+/// the bitmask encoding is.
 template <class T, class Offset>
 void host_expand_elias_fano(const T* values, const std::byte* payload, const packed_layout& l,
                             std::size_t b0, std::size_t b1, T* out, restore_value<T> op,
@@ -186,25 +187,26 @@ void host_expand_elias_fano(const T* values, const std::byte* payload, const pac
   const auto* low = reinterpret_cast<const std::uint64_t*>(payload + l.positions_offset);
   const auto* high = reinterpret_cast<const std::uint64_t*>(payload + l.high_offset);
   const auto* ef_offsets = reinterpret_cast<const Offset*>(payload + l.block_offsets_offset);
+#if DROPIT_HOST_X86 && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  if (isa >= host_isa::avx2 && s.l >= 1 && s.l <= ef_bmi2_max_decode_low_bits) {
+    for (std::size_t b = b0; b < b1; ++b) {
+      const std::size_t start = b * ef_block_elements;
+      if (!stream) {
+        ef_scatter_block_bmi2(s, low, high, ef_offsets, b, values, out + start, op);
+        continue;
+      }
+      alignas(64) T stage[ef_block_elements];
+      ef_scatter_block_bmi2(s, low, high, ef_offsets, b, values, stage, op);
+      stream_copy_avx512(out + start, stage, std::min(ef_block_elements, l.n - start));
+    }
+    if (stream) _mm_sfence();  // the non-temporal stores are visible before the fork-join ends
+    return;
+  }
+#endif
   alignas(64) std::uint32_t words[ef_block_words];
   Offset counts[ef_sub_blocks];
-#if DROPIT_HOST_X86 && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-  const bool bmi2 = isa >= host_isa::avx2 && s.l >= 1 && s.l <= ef_bmi2_max_decode_low_bits;
-#endif
   for (std::size_t b = b0; b < b1; ++b) {
-#if DROPIT_HOST_X86 && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    if (bmi2 && !stream) {  // zeros, then each kept value at its index: no bitmask
-      ef_scatter_block_bmi2(s, low, high, ef_offsets, b, values, out + b * ef_block_elements, op);
-      continue;
-    }
-    if (bmi2) {
-      ef_decode_block_bmi2(s, low, high, ef_offsets, b, words, counts);
-    } else {
-      ef_decode_block(s, low, high, ef_offsets, b, words, counts);
-    }
-#else
     ef_decode_block(s, low, high, ef_offsets, b, words, counts);
-#endif
     const std::size_t start = b * ef_block_elements;
     const std::size_t len = std::min(ef_block_elements, l.n - start);
     host_expand_bitmask(values, l.k, words, counts, len, 0,
