@@ -556,6 +556,8 @@ void register_training() {
         [](benchmark::State& st) { bench_pack<float>(st, dropit::Random<0.9>{7}, true); });
     add("train/restore/MinK/0.9/float",
         [](benchmark::State& st) { bench_restore<float>(st, dropit::MinK<0.9>{}); });
+    add("train/restore_bitmask/MinK/0.9/float",
+        [](benchmark::State& st) { bench_bitmask<float>(st, dropit::MinK<0.9>{}, true); });
   }
 }
 
