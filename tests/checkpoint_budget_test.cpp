@@ -54,11 +54,6 @@ struct priced {
 std::optional<priced> price(const timed_dag& td, const std::vector<int>& choice,
                             bool entry_rule = true) {
   const small_dag& d = td.d;
-  std::vector<std::uint32_t> in(static_cast<std::size_t>(d.n)), out(in.size());
-  for (auto [u, v] : d.edges) {
-    out[static_cast<std::size_t>(u)] |= 1u << v;
-    in[static_cast<std::size_t>(v)] |= 1u << u;
-  }
   std::uint32_t dropped = 0, packed = 0;
   ck::cost_t stored = 0;
   std::int64_t time = 0;
@@ -77,28 +72,10 @@ std::optional<priced> price(const timed_dag& td, const std::vector<int>& choice,
     }
   }
   ck::cost_t largest = 0;
-  for (std::uint32_t left = dropped; left;) {
-    std::uint32_t group = left & (~left + 1);
-    for (std::uint32_t frontier = group; frontier;) {
-      std::uint32_t next = 0;
-      for (int v = 0; v < d.n; ++v)
-        if ((frontier >> v) & 1u)
-          next |= in[static_cast<std::size_t>(v)] | out[static_cast<std::size_t>(v)];
-      frontier = next & dropped & ~group;
-      group |= frontier;
-    }
-    std::uint32_t entries = 0, exits = 0;
-    ck::cost_t c = 0;
-    for (int v = 0; v < d.n; ++v)
-      if ((group >> v) & 1u) {
-        entries |= in[static_cast<std::size_t>(v)] & ~group;
-        exits |= out[static_cast<std::size_t>(v)] & ~group;
-        c += d.cost[static_cast<std::size_t>(v)];
-      }
-    if (std::popcount(entries) != 1 || std::popcount(exits) != 1) return std::nullopt;
-    if (entry_rule && (entries & packed)) return std::nullopt;
-    largest = std::max(largest, c);
-    left &= ~group;
+  for (const oracle_group& g : oracle_groups(d, dropped)) {
+    if (std::popcount(g.entries) != 1 || std::popcount(g.exits) != 1) return std::nullopt;
+    if (entry_rule && (g.entries & packed)) return std::nullopt;
+    largest = std::max(largest, g.cost);
   }
   return priced{stored + largest, time};
 }

@@ -33,23 +33,21 @@ struct oracle_segment {
   int entry, exit;
 };
 
-/// The cost model, straight from its definition: drop every vertex outside S = C + {s, t}; each
-/// connected group of dropped vertices (edges in either direction) must receive edges from one
-/// vertex only and send edges to one vertex only; the cost is the kept inner vertices' costs plus
-/// the largest group's cost. nullopt when some group has two entries or two exits.
-inline std::optional<ck::cost_t> oracle_cost(const small_dag& d, std::uint32_t kept,
-                                             std::vector<oracle_segment>* segments = nullptr) {
+/// A connected group of dropped vertices (edges in either direction): the vertices outside it
+/// that send it edges (entries) and that it sends edges to (exits), and its cost.
+struct oracle_group {
+  std::uint32_t vertices, entries, exits;
+  ck::cost_t cost;
+};
+
+/// The groups that the dropped vertices (a bit mask) form, lowest vertex first.
+inline std::vector<oracle_group> oracle_groups(const small_dag& d, std::uint32_t dropped) {
   std::vector<std::uint32_t> in(static_cast<std::size_t>(d.n)), out(in.size());
   for (auto [u, v] : d.edges) {
     out[static_cast<std::size_t>(u)] |= 1u << v;
     in[static_cast<std::size_t>(v)] |= 1u << u;
   }
-  const std::uint32_t all = d.n == 32 ? ~0u : (1u << d.n) - 1;
-  const std::uint32_t stored = kept | (1u << d.s) | (1u << d.t);
-  std::uint32_t dropped = all & ~stored;
-  ck::cost_t total = 0, largest = 0;
-  for (int v = 0; v < d.n; ++v)
-    if ((kept >> v) & 1u) total += d.cost[static_cast<std::size_t>(v)];
+  std::vector<oracle_group> groups;
   while (dropped) {
     std::uint32_t group = dropped & (~dropped + 1);  // lowest dropped vertex
     for (std::uint32_t frontier = group; frontier;) {
@@ -60,18 +58,35 @@ inline std::optional<ck::cost_t> oracle_cost(const small_dag& d, std::uint32_t k
       frontier = next & dropped & ~group;
       group |= frontier;
     }
-    std::uint32_t entries = 0, exits = 0;
-    ck::cost_t c = 0;
+    oracle_group g{group, 0, 0, 0};
     for (int v = 0; v < d.n; ++v)
       if ((group >> v) & 1u) {
-        entries |= in[static_cast<std::size_t>(v)] & ~group;
-        exits |= out[static_cast<std::size_t>(v)] & ~group;
-        c += d.cost[static_cast<std::size_t>(v)];
+        g.entries |= in[static_cast<std::size_t>(v)] & ~group;
+        g.exits |= out[static_cast<std::size_t>(v)] & ~group;
+        g.cost += d.cost[static_cast<std::size_t>(v)];
       }
-    if (std::popcount(entries) != 1 || std::popcount(exits) != 1) return std::nullopt;
-    if (segments) segments->push_back({group, std::countr_zero(entries), std::countr_zero(exits)});
-    largest = std::max(largest, c);
+    groups.push_back(g);
     dropped &= ~group;
+  }
+  return groups;
+}
+
+/// The cost model, straight from its definition: drop every vertex outside S = C + {s, t}; each
+/// connected group of dropped vertices (edges in either direction) must receive edges from one
+/// vertex only and send edges to one vertex only; the cost is the kept inner vertices' costs plus
+/// the largest group's cost. nullopt when some group has two entries or two exits.
+inline std::optional<ck::cost_t> oracle_cost(const small_dag& d, std::uint32_t kept,
+                                             std::vector<oracle_segment>* segments = nullptr) {
+  const std::uint32_t all = d.n == 32 ? ~0u : (1u << d.n) - 1;
+  const std::uint32_t stored = kept | (1u << d.s) | (1u << d.t);
+  ck::cost_t total = 0, largest = 0;
+  for (int v = 0; v < d.n; ++v)
+    if ((kept >> v) & 1u) total += d.cost[static_cast<std::size_t>(v)];
+  for (const oracle_group& g : oracle_groups(d, all & ~stored)) {
+    if (std::popcount(g.entries) != 1 || std::popcount(g.exits) != 1) return std::nullopt;
+    if (segments)
+      segments->push_back({g.vertices, std::countr_zero(g.entries), std::countr_zero(g.exits)});
+    largest = std::max(largest, g.cost);
   }
   return total + largest;
 }
