@@ -132,8 +132,11 @@ DROPIT_TARGET_AVX2 void ef_encode_block_bmi2(const ef_shape& s, const std::uint3
   lp.finish();
 }
 
-/// Low bits per kept element that the BMI2 decoders handle (one byte per element).
-inline constexpr unsigned ef_bmi2_max_decode_low_bits = 8;
+/// Whether `ef_visit_block_bmi2` decodes a code of `low_bits` low bits per kept element on this
+/// instruction set (1 to 8: one byte per element; BMI2 comes with AVX2 here).
+[[nodiscard]] inline bool ef_bmi2_decodes(unsigned low_bits, host_isa isa) noexcept {
+  return isa >= host_isa::avx2 && low_bits >= 1 && low_bits <= 8;
+}
 
 /**
  * Calls `visit(local, j)` for the kept elements of Elias-Fano block b in ascending order: `local`
@@ -143,7 +146,8 @@ inline constexpr unsigned ef_bmi2_max_decode_low_bits = 8;
  * Two passes: the low bits of eight elements at a time become eight bytes (one bit deposit), then
  * each element's high part is the next one of the high array less its rank. The loop has no branch
  * the data decides but the refill of the high bits, and every shift by a register is one
- * instruction (BMI2's shlx/shrx): a third of the portable decoder's instructions per element.
+ * instruction (BMI2's shlx/shrx): about a third of the portable decoder's instructions per
+ * element (g++ 12, counted in the loops' assembly).
  */
 template <class Offset, class Visit>
 DROPIT_TARGET_AVX2 inline std::size_t ef_visit_block_bmi2(const ef_shape& s,

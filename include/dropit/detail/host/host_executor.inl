@@ -187,8 +187,8 @@ void host_expand_elias_fano(const T* values, const std::byte* payload, const pac
   const auto* low = reinterpret_cast<const std::uint64_t*>(payload + l.positions_offset);
   const auto* high = reinterpret_cast<const std::uint64_t*>(payload + l.high_offset);
   const auto* ef_offsets = reinterpret_cast<const Offset*>(payload + l.block_offsets_offset);
-#if DROPIT_HOST_X86 && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-  if (isa >= host_isa::avx2 && s.l >= 1 && s.l <= ef_bmi2_max_decode_low_bits) {
+#if DROPIT_HOST_X86
+  if (ef_bmi2_decodes(s.l, isa)) {
     for (std::size_t b = b0; b < b1; ++b) {
       const std::size_t start = b * ef_block_elements;
       if (!stream) {

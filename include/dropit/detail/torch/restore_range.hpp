@@ -109,16 +109,15 @@ void restore_elias_fano_range(const Values& values, const packed_layout& l,
   const auto* low = reinterpret_cast<const std::uint64_t*>(payload + l.positions_offset);
   const auto* high = reinterpret_cast<const std::uint64_t*>(payload + l.high_offset);
   const auto* offsets = reinterpret_cast<const Offset*>(payload + l.block_offsets_offset);
-#if DROPIT_HOST_X86 && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-  const bool bmi2 = dropit::detail::active_host_isa() >= dropit::detail::host_isa::avx2 &&
-                    s.l >= 1 && s.l <= dropit::detail::ef_bmi2_max_decode_low_bits;
+#if DROPIT_HOST_X86
+  const bool bmi2 = dropit::detail::ef_bmi2_decodes(s.l, dropit::detail::active_host_isa());
 #endif
   auto blocks = [&](std::int64_t t0, std::int64_t t1) {
     for (auto b = static_cast<std::size_t>(t0); b < static_cast<std::size_t>(t1); ++b) {
       const std::size_t lo = std::max(begin, b * ef_block_elements);
       const std::size_t hi = std::min(end, (b + 1) * ef_block_elements);
       std::fill(out + (lo - begin), out + (hi - begin), T{});
-#if DROPIT_HOST_X86 && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#if DROPIT_HOST_X86
       if (bmi2 && lo == b * ef_block_elements && hi == std::min(l.n, lo + ef_block_elements)) {
         // A whole block: the BMI2 decoder, no branch per element.
         T* o = out + (lo - begin);
