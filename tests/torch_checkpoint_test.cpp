@@ -1,6 +1,9 @@
 // dropit::torch::checkpointed_graph: a planned run gives LibTorch's own gradients (the plain run is
 // the oracle), keeps only the checkpoints between forward and backward (measured by the counting
-// allocator), and rejects bad graphs and checkpoint sets.
+// allocator), and rejects bad graphs and checkpoint sets. Planner v2: budget plans that keep and
+// recompute give the plain run's gradients; a compressed Linear input gives the weight gradient of
+// a brute-force top-k oracle and the exact input gradient; the bytes held after forward match the
+// plan's model; bad sparse declarations throw.
 #include <dropit/torch/checkpoint.hpp>
 #include <dropit/torch/counting_allocator.hpp>
 
@@ -8,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -276,4 +280,254 @@ TEST_CASE("checkpointed_graph::replaying() is true only while measuring or recom
   CHECK(seen == std::vector<bool>{false, true});  // forward, recompute
   CHECK(rel_diff(bn_planned->running_mean, bn_plain->running_mean) == 0.0);
   CHECK(rel_diff(bn_planned->running_var, bn_plain->running_var) == 0.0);
+}
+
+// ---- planner v2: budget plans, sparse storage ------------------------------------------------
+
+TEST_CASE(
+    "checkpointed_graph v2: a budget plan that only keeps and recomputes gives the plain "
+    "run's gradients") {
+  torch::manual_seed(11);
+  residual_net net;
+  net.train();
+  auto g = net.graph();
+  const auto x = torch::randn({6, 1, 16, 16});
+  const auto y = torch::randint(0, 10, {6});
+  const auto want = run_step(net, g, x, y, /*plain=*/true);
+  const auto measured = g.measure(x);
+  for (vertex v = 1; v < g.size(); ++v) {
+    CAPTURE(v);
+    CHECK(measured.has_time(v));
+    CHECK(measured.time(v) >= 0.0);
+    CHECK(measured.storage(v).empty());  // nothing declared sparse
+  }
+  const auto least = dropit::checkpoint::solve(measured).cost;
+  const auto total = measured.total_cost();
+  // The least budget, a middle one and everything: each plan is run and checked.
+  for (const auto budget : {least, (least + total) / 2, total}) {
+    CAPTURE(budget);
+    const auto& plan = g.plan_budget(x, budget);
+    CHECK(plan.cost <= budget);
+    CHECK(plan.compressed.empty());
+    if (budget == least) CHECK_FALSE(plan.segments.empty());  // something is recomputed
+    check_same(run_step(net, g, x, y, false), want);
+  }
+  // The old planner's plan is unchanged by the measured times (solve ignores them).
+  const auto& old = g.plan(x);
+  CHECK(old.cost == least);
+  check_same(run_step(net, g, x, y, false), want);
+  // The frontier's first point is the least memory, its last needs no extra time.
+  const auto f = g.frontier(x);
+  REQUIRE_FALSE(f.points.empty());
+  CHECK(f.points.front().memory == least);
+  CHECK(f.points.back().extra_time == 0.0);
+  CHECK_THROWS_WITH_AS(g.plan_budget(x, least - 1), doctest::Contains("least"), dropit::error);
+}
+
+namespace {
+
+/// x -> fc1 (a) -> tanh of a's first half (h, declared sparse) -> fc2 -> out: h is read only as
+/// fc2's input. a is twice h's size, so holding a and holding h differ.
+struct sparse_mlp {
+  sparse_mlp() : fc1(32, 48), fc2(24, 8) {}
+  static torch::Tensor half_tanh(const torch::Tensor& a) { return torch::tanh(a.slice(1, 0, 24)); }
+  dt::checkpointed_graph graph(bool declare_sparse) {
+    dt::checkpointed_graph g;
+    a = g.add("fc1", {g.input()}, [this](auto& in) { return fc1->forward(in[0]); });
+    h = g.add("tanh", {a}, [](auto& in) { return half_tanh(in[0]); });
+    g.add("fc2", {h}, [this](auto& in) { return fc2->forward(in[0]); });
+    if (declare_sparse) g.allow_sparse(h, {dt::policy_kind::mink, 0.9});
+    return g;
+  }
+  torch::nn::Linear fc1, fc2;
+  vertex a = 0, h = 0;
+};
+
+/// x with all but its k largest magnitudes set to zero (torch::topk over the flattened tensor).
+torch::Tensor brute_force_topk(const torch::Tensor& x, std::int64_t k) {
+  const auto flat = x.flatten();
+  const auto idx = std::get<1>(torch::topk(flat.abs(), k));
+  return torch::zeros_like(flat).index_put_({idx}, flat.index({idx})).view_as(x);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "checkpointed_graph v2: a compressed Linear input gives DropIT's weight gradient and the "
+    "exact input gradient") {
+  torch::manual_seed(13);
+  sparse_mlp net;
+  auto g = net.graph(true);
+  const auto x = torch::randn({16, 32});
+  const auto target = torch::randn({16, 8});
+  const auto measured = g.measure(x);
+  REQUIRE(measured.storage(net.h).size() == 1);
+  CHECK(measured.storage(net.h)[0].name == "mink 0.9");
+  CHECK(measured.storage(net.h)[0].bytes < measured.cost(net.h) / 2);
+
+  // The oracle, written with LibTorch alone: fc2's weight sees the top 10% of h (k = n -
+  // floor(0.9 n)), its input gradient is exact.
+  auto oracle = [&] {
+    for (auto& p : net.fc1->parameters())
+      p.mutable_grad() = torch::Tensor();
+    for (auto& p : net.fc2->parameters())
+      p.mutable_grad() = torch::Tensor();
+    auto xi = x.clone().requires_grad_(true);
+    const auto h = sparse_mlp::half_tanh(net.fc1->forward(xi));
+    const std::int64_t n = h.numel(), k = n - static_cast<std::int64_t>(
+                                                  std::floor(0.9 * static_cast<double>(n) + 1e-6));
+    const auto hs = brute_force_topk(h.detach(), k);
+    const auto w = net.fc2->weight, b = net.fc2->bias;
+    const auto out =
+        torch::linear(h, w.detach(), b) + torch::linear(hs, w) - torch::linear(hs, w.detach());
+    (out - target).square().sum().backward();
+    return std::vector<torch::Tensor>{xi.grad().clone(), net.fc1->weight.grad().clone(),
+                                      net.fc1->bias.grad().clone(), net.fc2->weight.grad().clone(),
+                                      net.fc2->bias.grad().clone()};
+  };
+  auto planned = [&] {
+    for (auto& p : net.fc1->parameters())
+      p.mutable_grad() = torch::Tensor();
+    for (auto& p : net.fc2->parameters())
+      p.mutable_grad() = torch::Tensor();
+    auto xi = x.clone().requires_grad_(true);
+    (g.forward(xi) - target).square().sum().backward();
+    return std::vector<torch::Tensor>{xi.grad().clone(), net.fc1->weight.grad().clone(),
+                                      net.fc1->bias.grad().clone(), net.fc2->weight.grad().clone(),
+                                      net.fc2->bias.grad().clone()};
+  };
+  const auto want = oracle();
+  // Sanity: the sparse weight gradient differs from the dense one (the test can tell them apart).
+  {
+    for (auto& p : net.fc2->parameters())
+      p.mutable_grad() = torch::Tensor();
+    (g.forward_plain(x) - target).square().sum().backward();
+    CHECK(rel_diff(net.fc2->weight.grad(), want[3]) > 1e-2);
+  }
+  const char* names[] = {"input", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"};
+  auto check_all = [&](const std::vector<torch::Tensor>& got) {
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      CAPTURE(names[i]);
+      CHECK(rel_diff(got[i], want[i]) <= 1e-5);
+    }
+  };
+
+  SUBCASE("a hand-made plan: h compressed, fc1 recomputed from the input") {
+    const dropit::checkpoint::compression c[] = {{net.h, 0}};
+    const auto& plan = g.use_plan(x, {}, c);
+    REQUIRE(plan.compressed.size() == 1);
+    CHECK(plan.decisions[net.h] == dropit::checkpoint::decision::compress);
+    check_all(planned());
+    // The output's node frees h's pack in its backward: a second backward is refused.
+    auto loss = (g.forward(x.clone().requires_grad_(true)) - target).square().sum();
+    loss.backward({}, /*retain_graph=*/true);
+    CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("backward ran twice"), dropit::error);
+  }
+  SUBCASE("a budget plan that compresses h") {
+    // No plan that stores h exactly fits (it holds h and a, or recomputes a segment of a's size
+    // next to h, or a segment of both); the fastest that fits keeps a and compresses h.
+    const auto& plan = g.plan_budget(x, measured.cost(net.a) + measured.storage(net.h)[0].bytes);
+    REQUIRE(plan.compressed.size() == 1);
+    CHECK(plan.compressed[0].vertex == net.h);
+    CHECK(plan.decisions[net.a] == dropit::checkpoint::decision::keep);
+    check_all(planned());
+    // Between forward and backward: the kept tensors, h's pack and the output, not h itself
+    // (tanh's backward would read its dense output if tanh ran with autograd in forward).
+    dt::counting_allocator counter;
+    dt::cpu_allocator_guard install(counter);
+    const std::size_t before = counter.current_bytes();
+    auto out = g.forward(x);
+    const std::size_t held = counter.current_bytes() - before;
+    const auto model =
+        static_cast<std::size_t>(plan.checkpoint_cost + plan.compressed_cost) + out.nbytes();
+    INFO("held " << held << " B, model " << model << " B, kept " << plan.checkpoints.size()
+                 << ", segments " << plan.segments.size());
+    CHECK(held <= model + 512);
+    CHECK(held + 512 >= model);
+  }
+}
+
+TEST_CASE("checkpointed_graph v2: between forward and backward a plan holds what its model says") {
+  // A chain of Linear layers, each output but the last storable sparse (its reader is a Linear):
+  // packing one costs far less time than recomputing it, so the least-memory plan compresses.
+  torch::manual_seed(17);
+  constexpr int depth = 8;
+  std::vector<torch::nn::Linear> layers;
+  dt::checkpointed_graph g;
+  vertex h = g.input();
+  for (int i = 0; i < depth; ++i) {
+    layers.emplace_back(torch::nn::Linear(1024, 1024));
+    auto& layer = layers.back();
+    h = g.add("fc" + std::to_string(i), {h},
+              [layer](auto& in) mutable { return layer->forward(in[0]); });
+    if (i + 1 < depth) g.allow_sparse(h, {dt::policy_kind::mink, 0.9});
+  }
+  const auto x = torch::randn({64, 1024});
+  auto held_after_forward = [&](const dropit::checkpoint::plan& plan) {
+    INFO(plan.checkpoints.size() << " kept, " << plan.compressed.size() << " compressed, "
+                                 << plan.segments.size() << " segments");
+    REQUIRE_FALSE(plan.compressed.empty());
+    dt::counting_allocator counter;
+    dt::cpu_allocator_guard install(counter);
+    const std::size_t before = counter.current_bytes();
+    const auto sparse_before = dt::live_saved_bytes().sparse;
+    auto out = g.forward(x);
+    const std::size_t held = counter.current_bytes() - before;
+    const std::size_t packs = dt::live_saved_bytes().sparse - sparse_before;
+    // The model: kept + compressed; the output is counted apart (the planner does not count it).
+    const auto model =
+        static_cast<std::size_t>(plan.checkpoint_cost + plan.compressed_cost) + out.nbytes();
+    INFO("held " << held << " B, model " << model << " B");
+    CHECK(packs == static_cast<std::size_t>(plan.compressed_cost));
+    CHECK(static_cast<double>(held) >= 0.99 * static_cast<double>(model));
+    CHECK(static_cast<double>(held) <= 1.01 * static_cast<double>(model) + 4096);
+    out.sum().backward();
+    CHECK(dt::live_saved_bytes().sparse == sparse_before);  // every pack freed after backward
+  };
+  SUBCASE("the least-memory plan (it compresses)") {
+    const auto f = g.frontier(x);
+    REQUIRE(f.points.size() >= 2);
+    held_after_forward(g.plan_budget(x, f.points.front().memory));
+  }
+  SUBCASE("a hand-made plan: kept, compressed and recomputed tensors") {
+    const auto measured = g.measure(x);
+    std::vector<vertex> kept;
+    for (const char* id : {"fc1", "fc5"})
+      kept.push_back(*measured.find(id));
+    const dropit::checkpoint::compression compressed[] = {{*measured.find("fc0"), 0},
+                                                          {*measured.find("fc4"), 0}};
+    held_after_forward(g.use_plan(x, kept, compressed));
+  }
+}
+
+TEST_CASE("checkpointed_graph v2: bad sparse declarations and plans throw dropit::error") {
+  dt::checkpointed_graph g;
+  auto id = [](auto& in) { return in[0] * 2; };
+  const vertex a = g.add("a", {0}, id);
+  const vertex b = g.add("b", {a}, id);
+  const dt::policy mink{dt::policy_kind::mink, 0.9};
+  CHECK_THROWS_WITH_AS(g.allow_sparse(0, mink), doctest::Contains("is the input"), dropit::error);
+  CHECK_THROWS_WITH_AS(g.allow_sparse(7, mink), doctest::Contains("not a vertex"), dropit::error);
+  CHECK_THROWS_WITH_AS(g.allow_sparse(a, dt::policy{}), doctest::Contains("'none'"), dropit::error);
+  CHECK_THROWS_AS(g.allow_sparse(a, {dt::policy_kind::mink, 1.5}), dropit::error);
+  CHECK_FALSE(g.sparse_policy(a).has_value());
+  const auto x = torch::randn({4, 8});
+  // The output may not be stored sparse.
+  g.allow_sparse(b, mink);
+  CHECK_THROWS_WITH_AS(g.plan_budget(x, 1 << 20), doctest::Contains("'b' is the output"),
+                       dropit::error);
+  CHECK_THROWS_WITH_AS(g.measure(x), doctest::Contains("is the output"), dropit::error);
+  CHECK_THROWS_WITH_AS(g.measure(x, 0), doctest::Contains("runs"), dropit::error);
+  const vertex c = g.add("c", {b}, id);
+  (void)c;
+  // A vertex without a storage option cannot be compressed.
+  const dropit::checkpoint::compression bad[] = {{a, 0}};
+  CHECK_THROWS_AS(g.use_plan(x, {}, bad), dropit::error);
+  CHECK_FALSE(g.current_plan().has_value());
+  // A compressed vertex that feeds a dropped one is not a plan.
+  const dropit::checkpoint::compression feeds_dropped[] = {{b, 0}};
+  CHECK_NOTHROW(g.use_plan(x, std::vector<vertex>{}, feeds_dropped));  // c is the output: fine
+  g.allow_sparse(a, mink);
+  const dropit::checkpoint::compression a_feeds_b[] = {{a, 0}};
+  CHECK_THROWS_AS(g.use_plan(x, {}, a_feeds_b), dropit::error);  // b would be dropped
 }

@@ -6,9 +6,19 @@
 //
 //   checkpoint_train [--epochs E] [--limit N] [--batch-size B] [--width C] [--lr LR] [--seed S]
 //                    [--threads T] [--data DIR] [--csv FILE] [--min-accuracy P]
+//                    [--budget MiB[,MiB...]] [--recompute-only]
 //
 // Exits 1 if the planned run does not hold less memory than the plain one, if the two runs'
 // test accuracies differ by a point or more, or if either is below --min-accuracy (percent).
+//
+// With --budget (planner v2, repeatable or a comma-separated list): prints the model's
+// (memory, extra time) frontier, then trains the plain run and one run per budget with
+// `checkpointed_graph::plan_budget`, every conv/linear input declared storable sparse (MinK 0.9;
+// not with --recompute-only), and prints per run the planned memory, the measured step peak and
+// bytes held after forward, the planned extra time, the step time and the test accuracy. Exits 1
+// if a run is below --min-accuracy, if a run holds more after forward than its plan stores (1% +
+// 0.05 MiB of slack for the output and the loss), or if a run that compresses nothing differs from
+// the plain run's test accuracy by a point or more (its gradients are the plain run's).
 #include <dropit/torch/checkpoint.hpp>
 #include <dropit/torch/counting_allocator.hpp>
 
@@ -22,6 +32,8 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,7 +76,10 @@ struct resnet : torch::nn::Module {
     fc = register_module("fc", Linear(2 * c * 7 * 7, 10));
   }
 
-  dt::checkpointed_graph graph() {
+  /// The model's graph; with `sparse`, every inner tensor that only convolutions, the linear
+  /// layer and additions read (a conv/linear input: its readers' input gradients do not depend
+  /// on it, and an addition's backward reads nothing) may be stored sparse with that policy.
+  dt::checkpointed_graph graph(std::optional<dt::policy> sparse = std::nullopt) {
     dt::checkpointed_graph g("image");
     std::size_t layer = 0;
     auto conv_bn = [&](const std::string& name, vertex in) {
@@ -75,17 +90,23 @@ struct resnet : torch::nn::Module {
     auto relu = [&](const std::string& name, vertex in) {
       return g.add(name, {in}, [](auto& x) { return torch::relu(x[0]); });
     };
+    auto sparse_ok = [&](vertex v) {
+      if (sparse) g.allow_sparse(v, *sparse);
+    };
     vertex h = relu("stem_relu", conv_bn("stem", g.input()));
     for (int i = 0; i < 5; ++i) {
       const std::string s = std::to_string(i);
+      sparse_ok(h);  // read by conv_a (and the block's addition)
       const vertex skip = h;
       h = relu("relu_a" + s, conv_bn("conv_a" + s, h));
       if (i == 2) continue;
+      sparse_ok(h);  // read by conv_b only
       h = conv_bn("conv_b" + s, h);
       h = g.add("add" + s, {h, skip}, [](auto& x) { return x[0] + x[1]; });
       h = relu("relu" + s, h);
     }
     h = g.add("pool", {h}, [](auto& x) { return torch::avg_pool2d(x[0], 2).flatten(1); });
+    sparse_ok(h);  // read by fc only
     g.add("fc", {h}, [this](auto& x) { return fc->forward(x[0]); });
     return g;
   }
@@ -136,6 +157,8 @@ struct resnet : torch::nn::Module {
 };
 
 struct options {
+  std::vector<double> budgets_mib;  // --budget: one run per budget (planner v2)
+  bool recompute_only = false;      // --recompute-only: no tensor declared sparse
   int epochs = 1;
   std::int64_t limit = 12000, batch = 128, width = 16, threads = 2;
   double lr = 0.01, min_accuracy = 0.0;
@@ -150,21 +173,55 @@ struct run_result {
   std::string mode;
   double accuracy = 0, step_ms = 0, predicted_mib = 0, regular_mib = 0;
   std::size_t step_peak = 0, held = 0, checkpoints = 0, steps = 0;
+  // Planner v2 runs (--budget): the budget, what the plan stores between forward and backward
+  // (kept + compressed) and its largest segment, its tensors by decision, its extra time.
+  double budget_mib = 0, stored_mib = 0, segment_mib = 0, extra_ms = 0;
+  std::size_t compressed = 0, dropped = 0;
 };
 
 double mib(std::size_t b) {
   return static_cast<double>(b) / (1 << 20);
 }
 
-/// One of the two runs: its model (same initial weights in both), graph, optimizer and numbers.
+/// The MinK 0.9 policy of the tensors a v2 plan may store sparse (none with --recompute-only).
+std::optional<dt::policy> sparse_policy(const options& o) {
+  if (o.recompute_only) return std::nullopt;
+  return dt::policy{dt::policy_kind::mink, 0.9};
+}
+
+/// One of the runs: its model (same initial weights in all), graph, optimizer and numbers.
 struct run {
-  run(bool planned, const options& o, const torch::Tensor& example)
+  /// budget_mib < 0: the plain run (planned false) or the optimal plan (planned true); else the
+  /// v2 plan with the least extra time within the budget.
+  run(bool planned, const options& o, const torch::Tensor& example, double budget_mib = -1.0)
       : net((torch::manual_seed(o.seed), std::make_shared<resnet>(o.width))),
-        g(net->graph()),
+        g(net->graph(budget_mib >= 0 ? sparse_policy(o) : std::nullopt)),
         opt(net->parameters(), torch::optim::SGDOptions(o.lr).momentum(0.9)) {
     r.mode = planned ? "planned" : "plain";
     r.regular_mib = mib(g.measure(example).total_cost());
     r.predicted_mib = r.regular_mib;
+    if (budget_mib >= 0) {
+      char name[48];
+      std::snprintf(name, sizeof name, "budget %.1f MiB", budget_mib);
+      r.mode = name;
+      r.budget_mib = budget_mib;
+      const auto& plan = g.plan_budget(
+          example, static_cast<dropit::checkpoint::cost_t>(budget_mib * 1024.0 * 1024.0));
+      r.predicted_mib = mib(plan.cost);
+      r.stored_mib = mib(plan.checkpoint_cost + plan.compressed_cost);
+      r.segment_mib = mib(plan.max_segment_cost);
+      r.checkpoints = plan.checkpoints.size();
+      r.compressed = plan.compressed.size();
+      r.dropped = static_cast<std::size_t>(std::count(plan.decisions.begin(), plan.decisions.end(),
+                                                      dropit::checkpoint::decision::drop));
+      r.extra_ms = plan.extra_time * 1e3;
+      std::printf(
+          "plan for %.1f MiB: %zu kept, %zu compressed, %zu recomputed of %zu tensors; planned "
+          "%.1f MiB (stored %.1f + largest segment %.1f), extra time %.1f ms\n",
+          budget_mib, r.checkpoints, r.compressed, r.dropped, g.size(), r.predicted_mib,
+          r.stored_mib, r.segment_mib, r.extra_ms);
+      return;
+    }
     if (!planned) return;
     const auto& plan = g.plan(example);
     r.predicted_mib = mib(plan.cost);
@@ -218,52 +275,89 @@ struct run {
   double seconds = 0;
 };
 
-/// Trains both runs in lockstep (the same batches, one step of each in turn), so that a shared,
-/// noisy machine slows both alike.
+/// Trains all runs in lockstep (the same batches, one step of each in turn), so that a shared,
+/// noisy machine slows them alike.
 std::vector<run_result> train(const options& o, const fmnist::split& tr, const fmnist::split& te,
                               dt::counting_allocator& counter) {
   const auto example = tr.images.slice(0, 0, o.batch);
-  run plain(false, o, example), planned(true, o, example);
+  std::vector<std::unique_ptr<run>> runs;
+  runs.push_back(std::make_unique<run>(false, o, example));
+  if (o.budgets_mib.empty()) {
+    runs.push_back(std::make_unique<run>(true, o, example));
+  } else {
+    for (double b : o.budgets_mib)
+      runs.push_back(std::make_unique<run>(true, o, example, b));
+  }
   torch::manual_seed(o.seed + 1);
   const std::int64_t n = tr.images.size(0);
+  const std::size_t k = runs.size();
   const auto started = std::chrono::steady_clock::now();
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
     const auto perm = torch::randperm(n, torch::kLong);
-    double loss_sum[2] = {0, 0};
+    std::vector<double> loss_sum(k, 0.0);
     std::int64_t seen = 0;
     for (std::int64_t b = 0; b + o.batch <= n; b += o.batch) {
       const auto idx = perm.slice(0, b, b + o.batch);
       const auto x = tr.images.index_select(0, idx), y = tr.labels.index_select(0, idx);
       const bool timed = b > 0 || epoch > 0;  // the first step warms up allocators and oneDNN
-      // Alternate which run goes first, so neither always follows the other's memory traffic.
-      if ((b / o.batch) % 2 == 0) {
-        loss_sum[0] += plain.step(x, y, counter, timed);
-        loss_sum[1] += planned.step(x, y, counter, timed);
-      } else {
-        loss_sum[1] += planned.step(x, y, counter, timed);
-        loss_sum[0] += plain.step(x, y, counter, timed);
+      // Rotate which run goes first, so none always follows another's memory traffic.
+      const auto step = static_cast<std::size_t>(b / o.batch);
+      for (std::size_t j = 0; j < k; ++j) {
+        const std::size_t i = (j + step) % k;
+        loss_sum[i] += runs[i]->step(x, y, counter, timed);
       }
       seen += o.batch;
       const double batches = static_cast<double>(seen / o.batch);
       const double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      std::printf(
-          "\r  epoch %d  %6lld/%lld  loss plain %.4f planned %.4f  %.0f samples/s (both "
-          "runs)   ",
-          epoch + 1, static_cast<long long>(seen), static_cast<long long>(n), loss_sum[0] / batches,
-          loss_sum[1] / batches, 2.0 * static_cast<double>(seen + epoch * n) / elapsed);
+      std::printf("\r  epoch %d  %6lld/%lld  loss", epoch + 1, static_cast<long long>(seen),
+                  static_cast<long long>(n));
+      for (std::size_t i = 0; i < k; ++i)
+        std::printf(" %.4f", loss_sum[i] / batches);
+      std::printf("  %.0f samples/s (all runs)   ",
+                  static_cast<double>(k) * static_cast<double>(seen + epoch * n) / elapsed);
       std::fflush(stdout);
     }
     std::printf("\n");
   }
-  // The first whole batches of the training set, in order: the same for both runs.
+  // The first whole batches of the training set, in order: the same for all runs.
   std::vector<torch::Tensor> recalibration;
   for (std::int64_t b = 0; b + o.batch <= std::min(n, std::max(recalibration_samples, o.batch));
        b += o.batch)
     recalibration.push_back(tr.images.slice(0, b, b + o.batch));
-  plain.evaluate(te, recalibration);
-  planned.evaluate(te, recalibration);
-  return {plain.r, planned.r};
+  std::vector<run_result> out;
+  for (auto& r : runs) {
+    r->evaluate(te, recalibration);
+    out.push_back(r->r);
+  }
+  return out;
+}
+
+/// Prints the frontier of the model's graph (as --budget runs measure it), thinned to at most
+/// `rows` points evenly by index, the first and the last included.
+void print_frontier(const options& o, const torch::Tensor& example, std::size_t rows = 24) {
+  const auto net = (torch::manual_seed(o.seed), std::make_shared<resnet>(o.width));
+  net->train();
+  auto g = net->graph(sparse_policy(o));
+  const auto measured = g.measure(example, 3);
+  const auto f = g.frontier(example);
+  const auto least_recompute_only = dropit::checkpoint::solve(measured).cost;
+  double forward_ms = 0;
+  for (vertex v = 1; v < g.size(); ++v)
+    forward_ms += measured.time(v) * 1e3;
+  std::printf(
+      "frontier (%s): %zu points, %s, solved in %.1f ms; memory of keeping everything %.1f MiB, "
+      "least recompute-only %.1f MiB; measured forward (no autograd) %.1f ms\n",
+      o.recompute_only ? "recompute-only" : "keep / MinK 0.9 / recompute", f.points.size(),
+      f.exact ? "exact" : "inexact", f.solve_seconds * 1e3, mib(measured.total_cost()),
+      mib(least_recompute_only), forward_ms);
+  std::printf("  %12s %16s\n", "memory MiB", "extra time ms");
+  const std::size_t n = f.points.size();
+  const std::size_t shown = std::min(n, rows);
+  for (std::size_t i = 0; i < shown; ++i) {
+    const std::size_t j = shown > 1 ? i * (n - 1) / (shown - 1) : 0;
+    std::printf("  %12.2f %16.3f\n", mib(f.points[j].memory), f.points[j].extra_time * 1e3);
+  }
 }
 
 options parse(int argc, char** argv) {
@@ -297,11 +391,29 @@ options parse(int argc, char** argv) {
       o.data = next();
     else if (a == "--csv")
       o.csv = next();
-    else {
+    else if (a == "--recompute-only")
+      o.recompute_only = true;
+    else if (a == "--budget") {
+      const std::string list = next();
+      std::size_t at = 0;
+      while (at <= list.size()) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        const std::string item = list.substr(at, comma - at);
+        char* end = nullptr;
+        const double b = std::strtod(item.c_str(), &end);
+        if (item.empty() || end != item.c_str() + item.size() || !(b > 0)) {
+          std::fprintf(stderr, "checkpoint_train: --budget takes MiB > 0, got '%s'\n",
+                       item.c_str());
+          std::exit(2);
+        }
+        o.budgets_mib.push_back(b);
+        at = comma + 1;
+      }
+    } else {
       std::fprintf(stderr,
                    "usage: checkpoint_train [--epochs E] [--limit N] [--batch-size B] [--width C] "
                    "[--lr LR] [--seed S] [--threads T] [--data DIR] [--csv FILE] "
-                   "[--min-accuracy P]\n");
+                   "[--min-accuracy P] [--budget MiB[,MiB...]] [--recompute-only]\n");
       std::exit(a == "--help" ? 0 : 2);
     }
   }
@@ -313,6 +425,79 @@ options parse(int argc, char** argv) {
   for (int i = 0; i < argc; ++i)
     o.command += (i ? " " : "") + std::string(argv[i]);
   return o;
+}
+
+/// The --budget mode: the frontier, then the plain run and one run per budget.
+int budget_main(const options& o, const fmnist::split& tr, const fmnist::split& te,
+                dt::counting_allocator& counter) {
+  std::vector<run_result> runs;
+  try {
+    print_frontier(o, tr.images.slice(0, 0, o.batch));
+    runs = train(o, tr, te, counter);
+  } catch (const dropit::error& e) {
+    std::fprintf(stderr, "checkpoint_train: %s\n", e.what());
+    return 2;
+  }
+  const auto& base = runs[0];
+  std::printf(
+      "\n| run | kept / compressed / recomputed | planned MiB (stored + segment) | held fwd->bwd "
+      "MiB | held vs stored | step peak MiB | peak vs planned | planned extra ms | step ms | "
+      "time vs plain | test acc (%%) |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const auto& r : runs) {
+    const bool plain = r.budget_mib <= 0;
+    std::printf("| %s | ", r.mode.c_str());
+    if (plain)
+      std::printf("all kept | %.1f (regular) | %.1f | | %.1f | %.2fx | | ", r.regular_mib,
+                  mib(r.held), mib(r.step_peak), mib(r.step_peak) / r.regular_mib);
+    else
+      std::printf("%zu / %zu / %zu | %.1f (%.1f + %.1f) | %.1f | %.2fx | %.1f | %.2fx | %.1f | ",
+                  r.checkpoints, r.compressed, r.dropped, r.predicted_mib, r.stored_mib,
+                  r.segment_mib, mib(r.held), mib(r.held) / r.stored_mib, mib(r.step_peak),
+                  mib(r.step_peak) / r.predicted_mib, r.extra_ms);
+    std::printf("%.1f | %+.0f%% | %.2f |\n", r.step_ms, 100.0 * (r.step_ms / base.step_ms - 1.0),
+                r.accuracy);
+  }
+  if (!o.csv.empty()) {
+    const std::time_t now = std::time(nullptr);
+    char date[16];
+    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+    std::ofstream f(o.csv);
+    f << "mode,budget_mib,kept,compressed,recomputed,planned_mib,stored_mib,segment_mib,held_mib,"
+         "step_peak_mib,peak_vs_planned,planned_extra_ms,step_ms,test_accuracy,date,command\n";
+    for (const auto& r : runs) {
+      const bool plain = r.budget_mib <= 0;
+      f << '"' << r.mode << "\"," << r.budget_mib << ',' << r.checkpoints << ',' << r.compressed
+        << ',' << r.dropped << ',' << (plain ? r.regular_mib : r.predicted_mib) << ','
+        << r.stored_mib << ',' << r.segment_mib << ',' << mib(r.held) << ',' << mib(r.step_peak)
+        << ',' << mib(r.step_peak) / (plain ? r.regular_mib : r.predicted_mib) << ',' << r.extra_ms
+        << ',' << r.step_ms << ',' << r.accuracy << ',' << date << ",\"" << o.command << "\"\n";
+    }
+  }
+  bool ok = true;
+  for (const auto& r : runs) {
+    if (!(r.accuracy >= o.min_accuracy)) {
+      std::fprintf(stderr, "checkpoint_train: the %s run did not learn: test accuracy %.2f%%\n",
+                   r.mode.c_str(), r.accuracy);
+      ok = false;
+    }
+    // What the plan stores is what stays between forward and backward (plus the output and the
+    // loss, a few bytes): the planner's model of it, checked on every run.
+    if (r.budget_mib > 0 && !(mib(r.held) <= r.stored_mib * 1.01 + 0.05)) {
+      std::fprintf(stderr,
+                   "checkpoint_train: the %s run held %.2f MiB after forward, more than the "
+                   "%.2f MiB its plan stores\n",
+                   r.mode.c_str(), mib(r.held), r.stored_mib);
+      ok = false;
+    }
+    if (r.compressed == 0 && !(std::abs(r.accuracy - base.accuracy) < 1.0)) {
+      std::fprintf(stderr,
+                   "checkpoint_train: the %s run diverged: test accuracy %.2f%% vs %.2f%%\n",
+                   r.mode.c_str(), r.accuracy, base.accuracy);
+      ok = false;
+    }
+  }
+  return ok ? 0 : 1;
 }
 
 }  // namespace
@@ -339,6 +524,7 @@ int main(int argc, char** argv) {
       "epoch(s), SGD lr %g momentum 0.9, %lld threads\n",
       static_cast<long long>(o.width), static_cast<long long>(tr.images.size(0)),
       static_cast<long long>(o.batch), o.epochs, o.lr, static_cast<long long>(o.threads));
+  if (!o.budgets_mib.empty()) return budget_main(o, tr, te, counter);
   const std::vector<run_result> runs = train(o, tr, te, counter);
 
   const auto& base = runs[0];

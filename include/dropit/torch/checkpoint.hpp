@@ -20,11 +20,20 @@
  * a new mask when recomputed. A training-mode BatchNorm module would update its running
  * statistics once more per recomputation (its output, and so every gradient, is unchanged); an
  * operation can skip such side effects while `checkpointed_graph::replaying()` is true.
+ *
+ * Planner v2 (`plan_budget`, `frontier`, `use_plan`): `measure` also records each operation's
+ * time, and a vertex declared with `allow_sparse` offers a sparse storage option (the bytes of its
+ * pack and the pack + restore time). A plan may then *compress* such a vertex: forward packs it
+ * once (`packed_tensor::pack_saved`), the groups that read it keep the pack instead of the dense
+ * tensor, and backward restores it (kept values, zeros elsewhere) to recompute them: DropIT's
+ * semantics for the weight gradients of the Linear/Conv layers that read it. Gradients equal the
+ * plain run's when a plan only keeps and recomputes.
  */
 #pragma once
 
 #include <dropit/checkpoint.hpp>
 #include <dropit/error.hpp>
+#include <dropit/torch/policy.hpp>
 
 #include <ATen/ATen.h>
 
@@ -76,11 +85,31 @@ class checkpointed_graph {
   [[nodiscard]] std::size_t size() const noexcept { return ops_.size(); }
 
   /**
-   * @brief The planner's graph of this model: every vertex costs the bytes of the tensor it holds
-   * when the model runs on `example` (measured by running it once without autograd).
-   * @throw dropit::error if the graph has only its input, or if an operation throws.
+   * @brief Declares that vertex `v` may be stored sparse (packed with policy `p`) by a v2 plan.
+   * Contract: every operation that reads `v` uses it only as the input of a Linear or Conv layer
+   * (or another operation whose backward reads `v` only for a weight gradient and whose input
+   * gradient does not depend on `v`); the weight gradients then come from the sparse copy, as in
+   * DropIT. dropit cannot check this; a reader that is not such a layer gets wrong gradients.
+   * Declaring again replaces the policy.
+   * @throw dropit::error if `v` is the input or not a vertex, or `p` is `policy_kind::none` or has
+   * a bad gamma. (Declaring the output is rejected when the graph is measured.)
    */
-  [[nodiscard]] checkpoint::graph measure(const at::Tensor& example) const;
+  void allow_sparse(vertex v, const policy& p);
+
+  /** @brief The policy `allow_sparse` gave `v`, if any. */
+  [[nodiscard]] std::optional<policy> sparse_policy(vertex v) const;
+
+  /**
+   * @brief The planner's graph of this model: every vertex costs the bytes of the tensor it holds
+   * when the model runs on `example`, and its time (`checkpoint::graph::set_time`, in seconds) is
+   * its operation's, both measured by running the model `runs` times without autograd (the best
+   * time of the runs). A vertex declared with `allow_sparse` also offers one storage option,
+   * named after its policy (e.g. "mink 0.9"): the bytes of its pack and the best pack + restore
+   * time. `checkpoint::solve` ignores times and options.
+   * @throw dropit::error if the graph has only its input, `runs` is 0, the output is declared
+   * sparse, an operation throws, or a sparse vertex's tensor cannot be packed.
+   */
+  [[nodiscard]] checkpoint::graph measure(const at::Tensor& example, std::size_t runs = 1) const;
 
   /**
    * @brief Measures the model on `example`, solves for the optimal plan (`checkpoint::solve`) and
@@ -98,6 +127,33 @@ class checkpointed_graph {
   const checkpoint::plan& use_checkpoints(const at::Tensor& example,
                                           std::span<const vertex> checkpoints);
 
+  /**
+   * @brief Measures the model on `example` (`measure(example, 3)`), finds the plan with the least
+   * extra time whose memory in the planner's model is at most `budget` bytes
+   * (`checkpoint::solve_budget`) and runs every later `forward` with it.
+   * @throw dropit::error as `measure`, or if no plan fits (the message gives the least memory)
+   */
+  const checkpoint::plan& plan_budget(const at::Tensor& example, checkpoint::cost_t budget,
+                                      const checkpoint::budget_options& options = {});
+
+  /**
+   * @brief The (memory, extra time) Pareto frontier of the model measured on `example`
+   * (`checkpoint::solve_frontier` on `measure(example, 3)`); memory in bytes, time in seconds.
+   * The plan in use is unchanged.
+   * @throw dropit::error as `measure`
+   */
+  [[nodiscard]] checkpoint::frontier frontier(const at::Tensor& example,
+                                              const checkpoint::budget_options& options = {}) const;
+
+  /**
+   * @brief Runs later `forward` calls with the given checkpoints and compressed vertices (the
+   * plan `checkpoint::evaluate` makes of them on the graph measured on `example`).
+   * @throw dropit::error as `checkpoint::evaluate` (and a compressed vertex must have been
+   * declared with `allow_sparse`: its only option is index 0)
+   */
+  const checkpoint::plan& use_plan(const at::Tensor& example, std::span<const vertex> checkpoints,
+                                   std::span<const checkpoint::compression> compressed);
+
   /** @brief Drops the plan: `forward` keeps every tensor autograd saves (the plain run). */
   void clear_plan() noexcept { plan_.reset(); }
 
@@ -107,9 +163,15 @@ class checkpointed_graph {
   }
 
   /**
-   * @brief Runs the model on x. With a plan and grad mode on: each checkpoint and the output is
-   * one autograd node that keeps only its entry tensors (checkpoints or the input) and recomputes
-   * the vertices between them in backward. Without a plan, or with grad mode off: the plain run.
+   * @brief Runs the model on x. With a plan and grad mode on: each checkpoint, compressed vertex
+   * and the output is one autograd node that keeps only its entry tensors (checkpoints or the
+   * input, and the packs of compressed entries, one pack per compressed vertex and forward shared
+   * by its readers) and recomputes the vertices between them in backward. A group with nothing
+   * to recompute (its exit, not compressed, reads only kept tensors) is no such node: it runs with
+   * autograd, which keeps what the operation saves (its inputs and output are kept anyway; an
+   * operation that also saves a temporary of its own, e.g. `a * b.sigmoid()`, holds it too).
+   * Without a plan, or with grad mode off: the plain run. A node frees its packs in its backward,
+   * so a second backward through it (`retain_graph`) throws a `dropit::error`.
    * @return the output vertex's tensor
    * @throw dropit::error if the graph has only its input
    */
@@ -120,7 +182,8 @@ class checkpointed_graph {
 
   /**
    * @brief True while this thread runs the operations a second time: recomputing a group in
-   * backward, or measuring (`measure`, `plan`, `use_checkpoints`). An operation with a side effect
+   * backward, or measuring (`measure`, `plan`, `use_checkpoints`, `plan_budget`, `frontier`,
+   * `use_plan`). An operation with a side effect
    * that must happen once per step reads it, e.g. a training-mode batch norm that updates its
    * running statistics only in the step's forward (see `examples/checkpoint_train`).
    */
@@ -128,9 +191,9 @@ class checkpointed_graph {
 
  private:
   struct group {
-    vertex exit;                  // a checkpoint or the output
+    vertex exit;                  // a checkpoint, a compressed vertex or the output
     std::vector<vertex> inside;   // recomputed vertices, topological order
-    std::vector<vertex> entries;  // kept vertices (or the input) the group reads
+    std::vector<vertex> entries;  // kept or compressed vertices (or the input) the group reads
   };
   friend struct detail::checkpoint_function;
 
@@ -144,8 +207,10 @@ class checkpointed_graph {
   std::vector<std::string> names_;
   std::vector<std::vector<vertex>> inputs_;
   std::vector<operation> ops_;
+  std::vector<std::optional<policy>> sparse_;  // allow_sparse, per vertex
   std::optional<checkpoint::plan> plan_;
-  std::vector<group> groups_;  // in topological order of their exits
+  std::vector<char> compressed_;  // per vertex: the plan stores it packed
+  std::vector<group> groups_;     // in topological order of their exits
   // An input of every checkpoint node that requires grad, so that its output does even when no
   // entry does: the parameters the operations use are invisible to autograd until backward.
   at::Tensor anchor_;

@@ -1,12 +1,18 @@
 // Implementation of dropit::torch::checkpointed_graph (torch/checkpoint.hpp).
 #pragma once
 
+#include <dropit/torch/packed.hpp>
+
 #include <ATen/core/grad_mode.h>
+#include <ATen/core/ivalue.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <limits>
+#include <sstream>
 #include <utility>
 
 namespace dropit::torch {
@@ -28,13 +34,37 @@ class replay_guard {
 /// One checkpoint (or the output) and the vertices recomputed for it: forward computes the group
 /// without autograd and saves only its entries; backward recomputes it with autograd and
 /// back-propagates through the recomputation (a reentrant backward).
+/// The packs of a group's compressed entries (one slot per entry; empty for an exact one), held
+/// by the autograd node through an IValue capsule. A pack shares its payload with the other
+/// readers' copies, so each compressed tensor is packed once per forward and freed when the last
+/// of its readers' nodes has run backward (or is destroyed).
+struct entry_packs : ::torch::CustomClassHolder {
+  std::vector<std::optional<packed_tensor>> packs;
+};
+
+/// One checkpoint (or compressed vertex, or the output) and the vertices recomputed for it:
+/// forward computes the group without autograd and saves only its entries (exact entries as
+/// tensors, compressed ones as packs); backward restores and recomputes it with autograd and
+/// back-propagates through the recomputation (a reentrant backward).
 struct checkpoint_function : ::torch::autograd::Function<checkpoint_function> {
   static at::Tensor forward(::torch::autograd::AutogradContext* ctx, at::TensorList entries,
                             const at::Tensor& /*anchor*/, const checkpointed_graph* g,
-                            std::int64_t group) {
-    ctx->save_for_backward(entries.vec());
+                            std::int64_t group, std::vector<std::optional<packed_tensor>> packs) {
+    std::vector<at::Tensor> saved = entries.vec();
+    bool any_pack = false;
+    for (std::size_t i = 0; i < packs.size(); ++i) {
+      if (!packs[i]) continue;
+      saved[i] = at::Tensor();  // the node keeps the pack, not the dense tensor
+      any_pack = true;
+    }
+    ctx->save_for_backward(saved);
     ctx->saved_data["graph"] = reinterpret_cast<std::int64_t>(g);
     ctx->saved_data["group"] = group;
+    if (any_pack) {
+      auto holder = c10::make_intrusive<entry_packs>();
+      holder->packs = std::move(packs);
+      ctx->saved_data["packs"] = c10::IValue::make_capsule(std::move(holder));
+    }
     return g->run_group(g->groups_[static_cast<std::size_t>(group)], entries.vec());
   }
 
@@ -43,15 +73,31 @@ struct checkpoint_function : ::torch::autograd::Function<checkpoint_function> {
     const auto* g = reinterpret_cast<const checkpointed_graph*>(ctx->saved_data["graph"].toInt());
     const auto& gr = g->groups_[static_cast<std::size_t>(ctx->saved_data["group"].toInt())];
     const auto saved = ctx->get_saved_variables();
+    // The packs leave the node now, as autograd releases its saved tensors after backward (it
+    // keeps `saved_data` until the node is destroyed): they are freed when this call returns.
+    c10::intrusive_ptr<::torch::CustomClassHolder> holder;
+    const entry_packs* packs = nullptr;
+    if (ctx->saved_data.count("packs") != 0) {
+      holder = ctx->saved_data["packs"].toCapsule();
+      ctx->saved_data.erase("packs");
+      packs = static_cast<const entry_packs*>(holder.get());
+    } else {
+      DROPIT_EXPECTS(ctx->saved_data.count("packs_used") == 0,
+                     "checkpointed_graph: backward ran twice through a group that reads a "
+                     "compressed tensor (retain_graph is not supported there; its packs are "
+                     "freed by the first backward)");
+    }
+    if (packs != nullptr) ctx->saved_data["packs_used"] = true;
+    ::torch::autograd::variable_list out(saved.size() + 4);  // + the anchor, g, group and packs
+    if (!grads[0].defined()) return out;
     std::vector<at::Tensor> entries;
     entries.reserve(saved.size());
     for (std::size_t i = 0; i < saved.size(); ++i) {
-      at::Tensor e = saved[i].detach();
+      const bool packed = packs != nullptr && i < packs->packs.size() && packs->packs[i];
+      at::Tensor e = packed ? packs->packs[i]->restore() : saved[i].detach();
       if (e.is_floating_point() && ctx->needs_input_grad(i)) e.requires_grad_(true);
       entries.push_back(std::move(e));
     }
-    ::torch::autograd::variable_list out(saved.size() + 3);  // + the anchor, g and group
-    if (!grads[0].defined()) return out;
     at::Tensor y;
     {
       const at::AutoGradMode enable(true);
@@ -66,6 +112,14 @@ struct checkpoint_function : ::torch::autograd::Function<checkpoint_function> {
   }
 };
 
+/// The name of a vertex's sparse storage option: the policy's kind and gamma, e.g. "mink 0.9".
+inline std::string option_name(const policy& p) {
+  std::ostringstream s;
+  s << to_string(p.kind);
+  if (p.kind == policy_kind::mink || p.kind == policy_kind::random) s << ' ' << p.gamma;
+  return s.str();
+}
+
 }  // namespace detail
 
 inline checkpointed_graph::checkpointed_graph(std::string input_name)
@@ -73,6 +127,7 @@ inline checkpointed_graph::checkpointed_graph(std::string input_name)
   names_.push_back(std::move(input_name));
   inputs_.emplace_back();
   ops_.emplace_back();
+  sparse_.emplace_back();
 }
 
 inline checkpointed_graph::vertex checkpointed_graph::add(std::string name,
@@ -91,9 +146,28 @@ inline checkpointed_graph::vertex checkpointed_graph::add(std::string name,
   names_.push_back(std::move(name));
   inputs_.push_back(std::move(inputs));
   ops_.push_back(std::move(op));
+  sparse_.emplace_back();
   plan_.reset();
   groups_.clear();
   return v;
+}
+
+inline void checkpointed_graph::allow_sparse(vertex v, const policy& p) {
+  DROPIT_EXPECTS(v < size(), "checkpointed_graph::allow_sparse: vertex ", v,
+                 " is not a vertex (there are ", size(), ")");
+  DROPIT_EXPECTS(v != input(), "checkpointed_graph::allow_sparse: vertex '", names_[v],
+                 "' is the input, which is always kept exactly");
+  DROPIT_EXPECTS(p.active(), "checkpointed_graph::allow_sparse: vertex '", names_[v],
+                 "': the policy is 'none' (nothing to pack)");
+  p.validate();
+  sparse_[v] = p;
+  plan_.reset();
+  groups_.clear();
+}
+
+inline std::optional<policy> checkpointed_graph::sparse_policy(vertex v) const {
+  if (v >= size()) return std::nullopt;
+  return sparse_[v];
 }
 
 namespace detail {
@@ -124,18 +198,46 @@ inline void compute_vertex(
 }
 }  // namespace detail
 
-inline checkpoint::graph checkpointed_graph::measure(const at::Tensor& example) const {
+inline checkpoint::graph checkpointed_graph::measure(const at::Tensor& example,
+                                                     std::size_t runs) const {
   DROPIT_EXPECTS(size() > 1, "checkpointed_graph::measure: the graph has no operation");
+  DROPIT_EXPECTS(runs > 0, "checkpointed_graph::measure: runs must be at least 1");
+  DROPIT_EXPECTS(!sparse_.back(), "checkpointed_graph::measure: vertex '", names_.back(),
+                 "' is the output, which is always kept exactly (it was declared allow_sparse)");
+  using clock = std::chrono::steady_clock;
   const at::NoGradGuard no_grad;
   const detail::replay_guard replaying(replaying_flag());
   const auto last = detail::last_uses(inputs_);
-  std::vector<at::Tensor> values(size());
-  values[0] = example;
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> op_time(size(), inf), pack_time(size(), inf);
+  std::vector<std::size_t> bytes(size(), 0), pack_bytes(size(), 0);
+  bytes[0] = example.nbytes();
+  for (std::size_t run = 0; run < runs; ++run) {
+    std::vector<at::Tensor> values(size());
+    values[0] = example;
+    for (vertex v = 1; v < size(); ++v) {
+      const auto t0 = clock::now();
+      detail::compute_vertex(v, inputs_, ops_, last, values);
+      op_time[v] = std::min(op_time[v], std::chrono::duration<double>(clock::now() - t0).count());
+      bytes[v] = values[v].nbytes();
+      if (!sparse_[v]) continue;
+      const auto t1 = clock::now();
+      const packed_tensor p = packed_tensor::pack_saved(values[v], *sparse_[v]);
+      (void)p.restore();
+      pack_time[v] =
+          std::min(pack_time[v], std::chrono::duration<double>(clock::now() - t1).count());
+      pack_bytes[v] = p.bytes();
+    }
+  }
   checkpoint::graph g;
-  g.add_vertex(names_[0], static_cast<checkpoint::cost_t>(example.nbytes()));
+  g.add_vertex(names_[0], static_cast<checkpoint::cost_t>(bytes[0]));
   for (vertex v = 1; v < size(); ++v) {
-    detail::compute_vertex(v, inputs_, ops_, last, values);
-    g.add_vertex(names_[v], static_cast<checkpoint::cost_t>(values[v].nbytes()));
+    g.add_vertex(names_[v], static_cast<checkpoint::cost_t>(bytes[v]));
+    g.set_time(v, op_time[v]);
+    if (sparse_[v]) {
+      g.add_storage(v, {detail::option_name(*sparse_[v]),
+                        static_cast<checkpoint::cost_t>(pack_bytes[v]), pack_time[v]});
+    }
     for (vertex u : inputs_[v])
       g.add_edge(u, v);
   }
@@ -157,12 +259,45 @@ inline const checkpoint::plan& checkpointed_graph::use_checkpoints(
   return *plan_;
 }
 
+inline const checkpoint::plan& checkpointed_graph::plan_budget(
+    const at::Tensor& example, checkpoint::cost_t budget,
+    const checkpoint::budget_options& options) {
+  plan_.reset();
+  plan_ = checkpoint::solve_budget(measure(example, 3), budget, options);
+  make_groups();
+  return *plan_;
+}
+
+inline checkpoint::frontier checkpointed_graph::frontier(
+    const at::Tensor& example, const checkpoint::budget_options& options) const {
+  return checkpoint::solve_frontier(measure(example, 3), options);
+}
+
+inline const checkpoint::plan& checkpointed_graph::use_plan(
+    const at::Tensor& example, std::span<const vertex> checkpoints,
+    std::span<const checkpoint::compression> compressed) {
+  plan_.reset();
+  plan_ = checkpoint::evaluate(measure(example, 3), checkpoints, compressed);
+  make_groups();
+  return *plan_;
+}
+
 inline void checkpointed_graph::make_groups() {
+  // Group exits: the output, the checkpoints and the compressed vertices; the dropped vertices
+  // are inside groups.
   std::vector<char> kept(size(), 0);
   kept[0] = 1;
   kept[size() - 1] = 1;
   for (vertex c : plan_->checkpoints)
     kept[c] = 1;
+  compressed_.assign(size(), 0);
+  for (const checkpoint::compression& c : plan_->compressed) {
+    DROPIT_EXPECTS(c.vertex < size() && sparse_[c.vertex] && c.option == 0,
+                   "checkpointed_graph: the plan compresses vertex ", c.vertex, " with option ",
+                   c.option, ", which allow_sparse did not offer");
+    kept[c.vertex] = 1;
+    compressed_[c.vertex] = 1;
+  }
   groups_.clear();
   std::vector<char> seen(size(), 0);
   for (vertex v = 1; v < size(); ++v) {
@@ -215,25 +350,54 @@ inline at::Tensor checkpointed_graph::forward_plain(const at::Tensor& x) const {
 
 inline at::Tensor checkpointed_graph::forward(const at::Tensor& x) const {
   if (!plan_ || !at::GradMode::is_enabled()) return forward_plain(x);
-  // Kept tensors: the input, the checkpoints and the output; each is dropped here after the last
-  // group that reads it (the autograd nodes keep what backward needs).
+  // Kept tensors: the input, the checkpoints, the compressed vertices and the output; each is
+  // dropped here after the last group that reads it (the autograd nodes keep what backward needs:
+  // exact entries, and one pack per compressed vertex that all its readers share).
   std::vector<std::size_t> last(size(), 0);
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     for (vertex e : groups_[i].entries)
       last[e] = i;
   }
   std::vector<at::Tensor> kept(size());
+  std::vector<std::optional<packed_tensor>> packs(size());
   kept[0] = x;
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     const group& gr = groups_[i];
     std::vector<at::Tensor> entries;
+    std::vector<std::optional<packed_tensor>> entry_packs(gr.entries.size());
     entries.reserve(gr.entries.size());
-    for (vertex e : gr.entries)
+    bool reads_pack = false;
+    for (std::size_t j = 0; j < gr.entries.size(); ++j) {
+      const vertex e = gr.entries[j];
       entries.push_back(kept[e]);
-    kept[gr.exit] = detail::checkpoint_function::apply(at::TensorList(entries), anchor_, this,
-                                                       static_cast<std::int64_t>(i));
+      if (compressed_[e]) {
+        entry_packs[j] = packs[e];
+        reads_pack = true;
+      }
+    }
+    if (gr.inside.empty() && !reads_pack && !compressed_[gr.exit]) {
+      // Nothing to recompute: the operation runs with autograd, which saves what it reads of its
+      // inputs and output (all kept), so backward does not run it again. Not for a compressed
+      // exit: its operation could save the dense tensor (a tanh saves its output).
+      std::vector<at::Tensor> args;
+      args.reserve(inputs_[gr.exit].size());
+      for (vertex u : inputs_[gr.exit])
+        args.push_back(kept[u]);
+      kept[gr.exit] = ops_[gr.exit](args);
+    } else {
+      kept[gr.exit] =
+          detail::checkpoint_function::apply(at::TensorList(entries), anchor_, this,
+                                             static_cast<std::int64_t>(i), std::move(entry_packs));
+    }
+    if (compressed_[gr.exit]) {
+      const at::NoGradGuard no_grad;
+      packs[gr.exit] = packed_tensor::pack_saved(kept[gr.exit].detach(), *sparse_[gr.exit]);
+    }
     for (vertex e : gr.entries) {
-      if (last[e] == i && e != 0) kept[e].reset();
+      if (last[e] == i && e != 0) {
+        kept[e].reset();
+        packs[e].reset();
+      }
     }
   }
   return kept[size() - 1];
