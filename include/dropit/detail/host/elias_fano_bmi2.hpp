@@ -62,6 +62,23 @@ struct ef_packer {
   }
 };
 
+/// A bitmask word's part of the high array (see the file's comment): `slots` are the element slots
+/// of its buckets, `separators` the slot after each bucket.
+DROPIT_TARGET_AVX2 inline std::uint64_t ef_high_part(std::uint32_t m, std::uint64_t slots,
+                                                     std::uint64_t separators) noexcept {
+  const std::uint64_t spread = _pdep_u64(m, slots);
+  return _pext_u64(spread, spread | separators);
+}
+
+/// A half word's part of the low array: its kept elements' positions in their bucket (l < 4: the
+/// low l bits of each, `low_of_nibble` selecting them), popcount(half) x l bits.
+DROPIT_TARGET_AVX2 inline std::uint64_t ef_low_part(std::uint32_t half, unsigned l,
+                                                    std::uint64_t low_of_nibble) noexcept {
+  constexpr std::uint64_t nibble_index = 0xFEDCBA9876543210ull;
+  const std::uint64_t v = _pext_u64(nibble_index, _pdep_u64(half, 0x1111111111111111ull) * 0xF);
+  return l < 4 ? _pext_u64(v, low_of_nibble) : v;
+}
+
 /// `ef_encode_block` for 2 <= s.l <= 4 with BMI2.
 template <class Offset>
 DROPIT_TARGET_AVX2 void ef_encode_block_bmi2(const ef_shape& s, const std::uint32_t* words,
@@ -91,42 +108,77 @@ DROPIT_TARGET_AVX2 void ef_encode_block_bmi2(const ef_shape& s, const std::uint3
   std::uint64_t low_of_nibble = 0;  // the low L bits of every nibble
   for (unsigned q = 0; q < 16; ++q)
     low_of_nibble |= ((std::uint64_t{1} << l) - 1) << (4 * q);
-  constexpr std::uint64_t nibble_index = 0xFEDCBA9876543210ull;
   constexpr std::size_t per_block = block_elements / word_elements;
-  for (std::size_t w = start / word_elements; w < total_words; ++w) {
-    const bool high_done = hp.w >= hp.end;
-    const bool low_done = lp.w >= lp.end;
-    if (high_done && low_done) break;
-    if (w % per_block == 0) {  // a block of 1024 that keeps nothing: zeros in the high array
-      const std::size_t c = w / per_block;
-      const std::size_t next = c + 1 < sub_blocks ? static_cast<std::size_t>(counts[c + 1]) : s.k;
-      if (next == static_cast<std::size_t>(counts[c]) && w + per_block <= total_words) {
-        for (std::size_t z = 0; z < (block_elements >> l) && hp.w < hp.end; z += 64)
-          hp.append(0, static_cast<unsigned>(
-                           (block_elements >> l) - z < 64 ? (block_elements >> l) - z : 64));
-        w += per_block - 1;
-        continue;
-      }
+  // Words of a block of 1024 that keeps nothing: the high array gets its zeros, the low array
+  // nothing.
+  auto empty_block = [&](std::size_t w) {
+    if (w % per_block != 0 || w + per_block > total_words) return false;
+    const std::size_t c = w / per_block;
+    const std::size_t next = c + 1 < sub_blocks ? static_cast<std::size_t>(counts[c + 1]) : s.k;
+    return next == static_cast<std::size_t>(counts[c]);
+  };
+  // Each array in a loop of its own (fewer live registers), two words (a 64-bit word of the
+  // bitmask) per step: `start` is a multiple of a block of 1024, so w stays even. The two words'
+  // parts are joined into one append whenever they fit in 64 bits (the low array's, at gamma 0.9,
+  // unless 22 of the 64 elements are kept), which halves the chain of dependent appends.
+  const std::size_t first_word = start / word_elements;
+  const std::size_t pairs_end = first_word + (total_words - first_word) / 2 * 2;
+  std::size_t w = first_word;
+  for (; w < pairs_end && hp.w < hp.end; w += 2) {
+    if (empty_block(w)) {
+      for (std::size_t z = 0; z < (block_elements >> l) && hp.w < hp.end; z += 64)
+        hp.append(0, static_cast<unsigned>(
+                         (block_elements >> l) - z < 64 ? (block_elements >> l) - z : 64));
+      w += per_block - 2;
+      continue;
     }
+    const std::uint32_t ma = words[w];
+    const std::uint32_t mb = words[w + 1];
+    const std::uint64_t ha = ef_high_part(ma, slots, separators);
+    const std::uint64_t hb = ef_high_part(mb, slots, separators);
+    const unsigned la = static_cast<unsigned>(__builtin_popcount(ma)) + buckets;  // <= 40
+    const unsigned lb = static_cast<unsigned>(__builtin_popcount(mb)) + buckets;
+    if (la + lb <= 64) {
+      hp.append(ha | (hb << la), la + lb);
+    } else {
+      hp.append(ha, la);
+      hp.append(hb, lb);
+    }
+  }
+  if (w == pairs_end && w < total_words && hp.w < hp.end) {  // an odd count's last word
     const std::uint32_t m = words[w];
-    const unsigned c = static_cast<unsigned>(__builtin_popcount(m));
-    if (!high_done) {
-      const std::uint64_t spread = _pdep_u64(m, slots);
-      hp.append(_pext_u64(spread, spread | separators), c + buckets);
+    hp.append(ef_high_part(m, slots, separators),
+              static_cast<unsigned>(__builtin_popcount(m)) + buckets);
+  }
+  // v << at for 0 <= at <= 64 (a part shifted by 64 is empty).
+  auto shl = [](std::uint64_t v, unsigned at) { return at < 64 ? v << at : std::uint64_t{0}; };
+  for (w = first_word; w < pairs_end && lp.w < lp.end; w += 2) {
+    if (empty_block(w)) {
+      w += per_block - 2;
+      continue;
     }
-    if (!low_done) {  // both halves, whether they keep anything or not: no branch to mispredict
-      const std::uint32_t m0 = m & 0xFFFFu;
-      const std::uint32_t m1 = m >> 16;
-      const unsigned c0 = static_cast<unsigned>(__builtin_popcount(m0));
-      std::uint64_t v0 = _pext_u64(nibble_index, _pdep_u64(m0, 0x1111111111111111ull) * 0xF);
-      std::uint64_t v1 = _pext_u64(nibble_index, _pdep_u64(m1, 0x1111111111111111ull) * 0xF);
-      if (l < 4) {
-        v0 = _pext_u64(v0, low_of_nibble);
-        v1 = _pext_u64(v1, low_of_nibble);
+    const std::uint32_t ma = words[w];
+    const std::uint32_t mb = words[w + 1];
+    const std::uint32_t halves[4] = {ma & 0xFFFFu, ma >> 16, mb & 0xFFFFu, mb >> 16};
+    const auto c = static_cast<unsigned>(__builtin_popcountll(std::uint64_t{mb} << 32 | ma));
+    if (c * l <= 64) {
+      std::uint64_t v = 0;
+      unsigned at = 0;
+      for (const std::uint32_t h : halves) {
+        v |= shl(ef_low_part(h, l, low_of_nibble), at);
+        at += static_cast<unsigned>(__builtin_popcount(h)) * l;
       }
-      lp.append(v0, c0 * l);
-      lp.append(v1, (c - c0) * l);
+      lp.append(v, at);
+    } else {
+      for (const std::uint32_t h : halves)
+        lp.append(ef_low_part(h, l, low_of_nibble),
+                  static_cast<unsigned>(__builtin_popcount(h)) * l);
     }
+  }
+  if (w == pairs_end && w < total_words && lp.w < lp.end) {
+    const std::uint32_t m = words[w];
+    for (const std::uint32_t h : {m & 0xFFFFu, m >> 16})
+      lp.append(ef_low_part(h, l, low_of_nibble), static_cast<unsigned>(__builtin_popcount(h)) * l);
   }
   hp.finish();
   lp.finish();
