@@ -13,8 +13,11 @@ back as a dense tensor of zeros (PyTorch's backward reads a dense tensor). It tr
 weight gradients are wrong) and leaves ReLU and MaxPool2d as PyTorch runs them; it prices the
 hooks, one read of every Linear/Conv input in forward and one dense write of it in backward.
 
-For each model: the bytes the graph holds after forward (dropit's counting CPU allocator) and the
-step time (forward, cross-entropy, backward, AdamW) over real Fashion-MNIST batches. Each round runs
+For each model: the bytes the graph holds after forward (dropit's counting CPU allocator), the
+step time (forward, cross-entropy, backward, AdamW) over real Fashion-MNIST batches, and the minor
+page faults per step (``getrusage``: memory the kernel had to map and zero because glibc's heap
+gave it back; a run of each configuration in a process of its own, as ``perf stat``, sees
+thousands per step, this interleaved run almost none). Each round runs
 one step of every configuration in a fresh random order; the figure is the median over rounds,
 with the ratio against plain PyTorch and the interquartile range of the per-round ratios.
 
@@ -30,6 +33,7 @@ import json
 import os
 import platform
 import random
+import resource
 import statistics
 import sys
 import time
@@ -109,6 +113,10 @@ def configurations(model, gamma):
             ("dropit-excl", excluded), ("reference", reference), ("floor", floor)]
 
 
+def minor_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def held_after_forward(net, x, y):
     with dropit.memory_counter() as counter:
         before = counter.current_bytes
@@ -131,6 +139,7 @@ def bench_model(model, a, images, labels):
                for i in range(0, len(images) - a.batch_size + 1, a.batch_size)]
     held = {name: held_after_forward(net, *batches[0]) for name, net in configs}
     times = {name: [] for name, _ in configs}
+    faults = {name: [] for name, _ in configs}
     order = [c for c in configs]
     rng = random.Random(1)
     for r in range(a.warmup + a.rounds):
@@ -138,12 +147,14 @@ def bench_model(model, a, images, labels):
         x, y = batches[r % len(batches)]
         for name, net in order:
             opt = optimizers[name]
+            f0 = minor_faults()
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=False)
             F.cross_entropy(net(x), y).backward()
             opt.step()
             if r >= a.warmup:
                 times[name].append(time.perf_counter() - t0)
+                faults[name].append(minor_faults() - f0)
     rows = []
     for name, _ in configs:
         ratios = [t / p for t, p in zip(times[name], times["none"])]
@@ -155,6 +166,7 @@ def bench_model(model, a, images, labels):
             "step_ms_median": 1e3 * statistics.median(times[name]),
             "step_ratio_median": statistics.median(ratios),
             "step_ratio_q1": q1, "step_ratio_q3": q3,
+            "page_faults_median": statistics.median(faults[name]),
             "rounds": len(times[name]),
         })
     return rows
@@ -168,8 +180,8 @@ def markdown(rows, a, command):
         f"{a.rounds} rounds).",
         "",
         "| model | configuration | held after forward MiB | vs plain | median step ms | vs plain "
-        "(median of per-round ratios) | interquartile range of the ratio |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "(median of per-round ratios) | interquartile range of the ratio | page faults per step |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     names = {"none": "plain PyTorch", "dropit": "dropit (every layer)",
              "dropit-no-ef": "dropit (every layer), positions without Elias-Fano",
@@ -182,7 +194,7 @@ def markdown(rows, a, command):
         lines.append(
             f"| {r['model']} | {names[r['impl']]} | {r['held_after_forward_bytes'] / 2**20:.2f} | "
             f"{r['held_ratio']:.3f}x | {r['step_ms_median']:.1f} | {r['step_ratio_median']:.3f}x | "
-            f"{r['step_ratio_q1']:.3f}-{r['step_ratio_q3']:.3f} |")
+            f"{r['step_ratio_q1']:.3f}-{r['step_ratio_q3']:.3f} | {r['page_faults_median']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
