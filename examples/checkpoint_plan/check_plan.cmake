@@ -4,7 +4,8 @@
 #   -DEXE=... -DBAD_JSON=1 -DWORK=dir       a syntax error is reported as file:line:column: key
 #   -DEXE=... -DBUDGET=model                --budget at the model's least recompute-only memory
 #                                           (from --model): within it, and faster with storage
-#                                           than --recompute-only; --frontier starts there
+#                                           than --recompute-only; --frontier starts there;
+#                                           --budget --frontier marks the plan's point
 #   -DEXE=... -DTABLE=1                     the model table: every model's row, checked against
 #                                           the input sizes and cut-offs the seed published and
 #                                           against the JSON plan of the same model
@@ -86,6 +87,14 @@ elseif(DEFINED BUDGET)
   run_plan(front --model ${BUDGET} --frontier)
   if(NOT front MATCHES "^# [0-9]+ points, exact")
     message(FATAL_ERROR "--frontier printed: ${front}")
+  endif()
+  # --budget with --frontier: the frontier, the budget's plan marked (its memory, from the JSON).
+  run_plan(marked --model ${BUDGET} --budget ${mib} --frontier)
+  string(REGEX MATCHALL "[^\n]*<- the plan within the budget" marks "${marked}")
+  list(LENGTH marks n_marks)
+  if(NOT n_marks EQUAL 1 OR NOT marks MATCHES "^ *${with_cost} ")
+    message(FATAL_ERROR "--budget ${mib} --frontier marked ${n_marks} points (${marks}); the "
+                        "plan costs ${with_cost}")
   endif()
   message(STATUS "budget ${mib} MiB: ${with_time} with storage (${packed} compressed) vs "
                  "${without_time}")

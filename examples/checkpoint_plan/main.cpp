@@ -6,6 +6,7 @@
 //   checkpoint_plan --dump NAME [--batch N] [--size H]    print a built-in model's graph as JSON
 //   ... --model NAME | --graph FILE  with  --budget MiB   the fastest plan within the budget (JSON)
 //   ... --model NAME | --graph FILE  with  --frontier     the memory / extra time frontier (table)
+//   ... with --budget MiB --frontier                      the frontier, the budget's plan marked
 //   checkpoint_plan --budget-table          recompute-only vs with storage at the least budget
 //   --recompute-only                        ignore storage options (--budget, --frontier)
 #include <dropit/checkpoint.hpp>
@@ -147,16 +148,29 @@ void print_budget_table() {
 
 /// The frontier as a table: memory (bytes and MiB), extra time (and its share of forward +
 /// backward when the graph has compute costs).
-void print_frontier(const ck::graph& g, const ck::budget_options& options) {
+/// The frontier as a table; with a budget (>= 0), the point of the plan `solve_budget` returns
+/// (the fastest within the budget) is marked.
+void print_frontier(const ck::graph& g, const ck::budget_options& options, ck::cost_t budget = -1) {
   const ck::frontier f = ck::solve_frontier(g, options);
   const double work = 3.0 * forward_flops(g);
   std::printf("# %zu points, %s, %zu passes, %.3f s\n", f.points.size(),
               f.exact ? "exact" : "heuristic", f.search_passes, f.solve_seconds);
   std::printf("%16s %12s %14s %8s\n", "memory", "MiB", "extra_time", "share");
-  for (const ck::frontier_point& p : f.points)
-    std::printf("%16lld %12.2f %14.6g %7.2f%%\n", static_cast<long long>(p.memory),
+  // Memory ascending, time descending: the budget's plan is the last point within it.
+  std::size_t chosen = f.points.size();
+  for (std::size_t i = 0; i < f.points.size() && budget >= 0; ++i)
+    if (f.points[i].memory <= budget) chosen = i;
+  for (std::size_t i = 0; i < f.points.size(); ++i) {
+    const ck::frontier_point& p = f.points[i];
+    std::printf("%16lld %12.2f %14.6g %7.2f%%%s\n", static_cast<long long>(p.memory),
                 static_cast<double>(p.memory) / (1024.0 * 1024.0), p.extra_time,
-                work > 0 ? 100.0 * p.extra_time / work : 0.0);
+                work > 0 ? 100.0 * p.extra_time / work : 0.0,
+                i == chosen ? "  <- the plan within the budget" : "");
+  }
+  if (budget >= 0 && chosen == f.points.size())
+    std::printf("# no plan fits in %lld (the least memory is %lld)\n",
+                static_cast<long long>(budget),
+                static_cast<long long>(f.points.empty() ? 0 : f.points.front().memory));
 }
 
 int usage(int code) {
@@ -166,7 +180,7 @@ int usage(int code) {
       "       checkpoint_plan --graph FILE.json    plan a graph, print the plan as JSON\n"
       "       checkpoint_plan --model NAME [--batch N] [--size H]\n"
       "       checkpoint_plan --dump NAME [--batch N] [--size H]\n"
-      "       checkpoint_plan --model NAME | --graph FILE.json  --budget MiB | --frontier\n"
+      "       checkpoint_plan --model NAME | --graph FILE.json  [--budget MiB] [--frontier]\n"
       "                       [--recompute-only]\n"
       "       checkpoint_plan --budget-table\n"
       "graph JSON: {\"source\": ID, \"target\": ID, \"vertices\": [{\"id\": ID, \"cost\": "
@@ -225,14 +239,13 @@ int main(int argc, char** argv) {
     }
   }
   const bool v2 = budget_mib >= 0.0 || frontier;
-  if (budget_table ? !mode.empty() || v2
-                   : v2 && (mode.empty() || mode == "--dump" || (budget_mib >= 0.0 && frontier)))
+  if (budget_table ? !mode.empty() || v2 : v2 && (mode.empty() || mode == "--dump"))
     return usage(2);
   // A budget in MiB, rounded down to whole bytes (cost units for a JSON graph).
   const auto budget = static_cast<ck::cost_t>(budget_mib * 1024.0 * 1024.0);
   auto run_v2 = [&](const ck::graph& g) {
     if (frontier)
-      print_frontier(g, options);
+      print_frontier(g, options, budget_mib >= 0.0 ? budget : -1);
     else
       std::fputs(ck::to_json(g, ck::solve_budget(g, budget, options)).c_str(), stdout);
   };
