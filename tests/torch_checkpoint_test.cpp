@@ -113,6 +113,24 @@ void check_same(const step_result& got, const step_result& want) {
   }
 }
 
+/// Appends `depth` Linear(width, width) layers after h, named fc0, fc1, ..., each followed by a
+/// tanh (tanh0, ...) when `tanh`; the modules are kept in `layers`. Returns the fc vertices.
+std::vector<vertex> add_linear_chain(dt::checkpointed_graph& g, vertex h,
+                                     std::vector<torch::nn::Linear>& layers, int depth, int width,
+                                     bool tanh) {
+  std::vector<vertex> fcs;
+  for (int i = 0; i < depth; ++i) {
+    layers.emplace_back(torch::nn::Linear(width, width));
+    auto& layer = layers.back();
+    h = g.add("fc" + std::to_string(i), {h},
+              [layer](auto& in) mutable { return layer->forward(in[0]); });
+    fcs.push_back(h);
+    if (tanh)
+      h = g.add("tanh" + std::to_string(i), {h}, [](auto& in) { return torch::tanh(in[0]); });
+  }
+  return fcs;
+}
+
 }  // namespace
 
 TEST_CASE("checkpointed_graph: planned runs give the plain run's loss and gradients") {
@@ -182,14 +200,7 @@ TEST_CASE("checkpointed_graph: between forward and backward only the checkpoints
   constexpr int depth = 24;
   std::vector<torch::nn::Linear> layers;
   dt::checkpointed_graph g;
-  vertex h = g.input();
-  for (int i = 0; i < depth; ++i) {
-    layers.emplace_back(torch::nn::Linear(256, 256));
-    auto& layer = layers.back();
-    h = g.add("fc" + std::to_string(i), {h},
-              [layer](auto& in) mutable { return layer->forward(in[0]); });
-    h = g.add("tanh" + std::to_string(i), {h}, [](auto& in) { return torch::tanh(in[0]); });
-  }
+  add_linear_chain(g, g.input(), layers, depth, 256, true);
   const auto x = torch::randn({512, 256});  // 512 KiB per activation
   const std::size_t activation = 512 * 256 * 4;
 
@@ -454,14 +465,9 @@ TEST_CASE("checkpointed_graph v2: between forward and backward a plan holds what
   constexpr int depth = 8;
   std::vector<torch::nn::Linear> layers;
   dt::checkpointed_graph g;
-  vertex h = g.input();
-  for (int i = 0; i < depth; ++i) {
-    layers.emplace_back(torch::nn::Linear(1024, 1024));
-    auto& layer = layers.back();
-    h = g.add("fc" + std::to_string(i), {h},
-              [layer](auto& in) mutable { return layer->forward(in[0]); });
-    if (i + 1 < depth) g.allow_sparse(h, {dt::policy_kind::mink, 0.9});
-  }
+  const auto fcs = add_linear_chain(g, g.input(), layers, depth, 1024, false);
+  for (int i = 0; i + 1 < depth; ++i)
+    g.allow_sparse(fcs[static_cast<std::size_t>(i)], {dt::policy_kind::mink, 0.9});
   const auto x = torch::randn({64, 1024});
   auto held_after_forward = [&](const dropit::checkpoint::plan& plan) {
     INFO(plan.checkpoints.size() << " kept, " << plan.compressed.size() << " compressed, "

@@ -39,6 +39,14 @@
 
 namespace {
 
+/// Today's date (UTC) as YYYY-MM-DD, for the CSV files.
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  char date[16];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  return date;
+}
+
 namespace dt = dropit::torch;
 using vertex = dt::checkpointed_graph::vertex;
 
@@ -459,9 +467,7 @@ int budget_main(const options& o, const fmnist::split& tr, const fmnist::split& 
                 r.accuracy);
   }
   if (!o.csv.empty()) {
-    const std::time_t now = std::time(nullptr);
-    char date[16];
-    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+    const std::string date = today();
     std::ofstream f(o.csv);
     f << "mode,budget_mib,kept,compressed,recomputed,planned_mib,stored_mib,segment_mib,held_mib,"
          "step_peak_mib,peak_vs_planned,planned_extra_ms,step_ms,test_accuracy,date,command\n";
@@ -539,9 +545,7 @@ int main(int argc, char** argv) {
                 100.0 * (r.step_ms / base.step_ms - 1.0), r.accuracy);
   }
   if (!o.csv.empty()) {
-    const std::time_t now = std::time(nullptr);
-    char date[16];
-    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+    const std::string date = today();
     std::ofstream f(o.csv);
     f << "mode,checkpoints,model_cost_mib,held_mib,step_peak_mib,step_ms,test_accuracy,date,"
          "command\n";
