@@ -131,16 +131,28 @@ std::vector<vertex> add_linear_chain(dt::checkpointed_graph& g, vertex h,
   return fcs;
 }
 
+/// The residual net in training mode as a graph, a batch, and its plain step (the reference the
+/// planned runs are compared with).
+struct residual_case {
+  residual_net net;
+  dt::checkpointed_graph g;
+  torch::Tensor x, y;
+  step_result want;
+  explicit residual_case(std::uint64_t seed) {
+    torch::manual_seed(seed);
+    net.train();
+    g = net.graph();
+    x = torch::randn({6, 1, 16, 16});
+    y = torch::randint(0, 10, {6});
+    want = run_step(net, g, x, y, /*plain=*/true);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("checkpointed_graph: planned runs give the plain run's loss and gradients") {
-  torch::manual_seed(3);
-  residual_net net;
-  net.train();
-  auto g = net.graph();
-  const auto x = torch::randn({6, 1, 16, 16});
-  const auto y = torch::randint(0, 10, {6});
-  const auto want = run_step(net, g, x, y, /*plain=*/true);
+  residual_case c(3);
+  auto& [net, g, x, y, want] = c;
 
   SUBCASE("the optimal plan") {
     const auto& plan = g.plan(x);
@@ -298,13 +310,8 @@ TEST_CASE("checkpointed_graph::replaying() is true only while measuring or recom
 TEST_CASE(
     "checkpointed_graph v2: a budget plan that only keeps and recomputes gives the plain "
     "run's gradients") {
-  torch::manual_seed(11);
-  residual_net net;
-  net.train();
-  auto g = net.graph();
-  const auto x = torch::randn({6, 1, 16, 16});
-  const auto y = torch::randint(0, 10, {6});
-  const auto want = run_step(net, g, x, y, /*plain=*/true);
+  residual_case c(11);
+  auto& [net, g, x, y, want] = c;
   const auto measured = g.measure(x);
   for (vertex v = 1; v < g.size(); ++v) {
     CAPTURE(v);
