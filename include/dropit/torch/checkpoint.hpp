@@ -183,9 +183,9 @@ class checkpointed_graph {
   /**
    * @brief True while this thread runs the operations a second time: recomputing a group in
    * backward, or measuring (`measure`, `plan`, `use_checkpoints`, `plan_budget`, `frontier`,
-   * `use_plan`). An operation with a side effect
-   * that must happen once per step reads it, e.g. a training-mode batch norm that updates its
-   * running statistics only in the step's forward (see `examples/checkpoint_train`).
+   * `use_plan`). An operation with a side effect that must happen once per step reads it, e.g. a
+   * training-mode batch norm that updates its running statistics only in the step's forward (see
+   * `examples/checkpoint_train`).
    */
   [[nodiscard]] static bool replaying() noexcept { return replaying_flag(); }
 

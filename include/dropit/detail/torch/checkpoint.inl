@@ -31,9 +31,6 @@ class replay_guard {
   bool was_;
 };
 
-/// One checkpoint (or the output) and the vertices recomputed for it: forward computes the group
-/// without autograd and saves only its entries; backward recomputes it with autograd and
-/// back-propagates through the recomputation (a reentrant backward).
 /// The packs of a group's compressed entries (one slot per entry; empty for an exact one), held
 /// by the autograd node through an IValue capsule. A pack shares its payload with the other
 /// readers' copies, so each compressed tensor is packed once per forward and freed when the last
