@@ -321,6 +321,45 @@ TEST_CASE("random chains, series-parallel graphs and DAGs: the exhaustive fronti
   CHECK(with_packing > 100);  // the options are taken, often
 }
 
+TEST_CASE("a pass reuses the sets of earlier passes: the same root set as a pass from scratch") {
+  // The search lowers the bound pass by pass and rebuilds a plan at an earlier, larger bound; a
+  // pass recomputes only the nodes whose candidate segments the bound crossed. Bounds here go
+  // down and up in random order; every pass must give the set a fresh optimizer gives.
+  std::mt19937_64 rng(23);
+  int passes = 0;
+  for (int round = 0; round < 300; ++round) {
+    family kind{};
+    const timed_dag td = random_case(rng, round, kind);
+    CAPTURE(round);
+    std::vector<ck::vertex_index> index;
+    const ck::graph g = to_timed_graph(td, rng, index);
+    const auto d = dropit::checkpoint::detail::make_dag(g);
+    if (d.n == 1) continue;
+    const auto tree = dropit::checkpoint::detail::tree_builder(d).build();
+    using optimizer = dropit::checkpoint::detail::budget_optimizer;
+    optimizer reused(g, d, tree, {}, false);
+    ck::cost_t total = 0;
+    for (const ck::cost_t c : td.d.cost)
+      total += c;
+    std::uniform_int_distribution<ck::cost_t> pick(0, total + 1);
+    for (int q = 0; q < 12; ++q) {
+      const ck::cost_t bound = pick(rng);
+      CAPTURE(bound);
+      optimizer fresh(g, d, tree, {}, false);
+      const auto want = fresh.pass(bound);  // copies: the next pass may change the sets
+      const auto got = reused.pass(bound);
+      REQUIRE(got.size() == want.size());
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        CHECK(got[i].k == want[i].k);
+        CHECK(got[i].t == want[i].t);
+        CHECK(got[i].a == want[i].a);
+      }
+      ++passes;
+    }
+  }
+  CHECK(passes > 3000);
+}
+
 TEST_CASE("the heuristic knobs: every point is a real plan, and the gap stays within its bound") {
   // bound_ratio r skips segment bounds geometrically: each exact point (m, t) has a point of time
   // <= t within m + r x (its largest segment) <= (1 + r) m. max_points thins the Pareto sets: no

@@ -113,6 +113,13 @@ class budget_optimizer {
     }
     node_set_.resize(2 * nodes);
     chains_.resize(2 * nodes);
+    owned_.resize(2 * nodes);
+    valid_lo_.assign(2 * nodes, 0);
+    valid_hi_.assign(2 * nodes, 0);
+    computed_.assign(2 * nodes, 0);
+    empty_ = make_set();
+    unit_ = make_set();
+    sets_[unit_].push_back({});
   }
 
   /// Limits for the next passes: points with more stored bytes than `k_max`, or at least
@@ -125,15 +132,39 @@ class budget_optimizer {
   /// Whether some set was thinned since construction.
   [[nodiscard]] bool thinned() const noexcept { return thinned_; }
 
-  /// Evaluates every node at bound M, bottom-up; returns the root's (open) set.
+  /// Evaluates every node at bound M, bottom-up; returns the root's (open) set. A node's set
+  /// depends on M only through which candidate segments inside it fit (runs of a series,
+  /// a complicate region as one segment): a set made at an earlier bound is reused while M stays
+  /// between the largest candidate that fitted and the smallest that did not (and the limits are
+  /// unchanged), so a pass recomputes only the nodes whose segments M crossed, and their
+  /// ancestors. The sets are the same as a pass from scratch would make.
   const std::vector<pareto_point>& pass(cost_t bound) {
-    used_ = 0;
-    empty_ = make_set();
-    unit_ = make_set();
-    sets_[unit_].push_back({});
+    if (k_max_ != memo_k_max_ || t_stop_ != memo_t_stop_) {  // sets made under other limits
+      std::fill(computed_.begin(), computed_.end(), char{0});
+      memo_k_max_ = k_max_;
+      memo_t_stop_ = t_stop_;
+    }
     for (std::size_t k = t_.nodes.size(); k-- > 0;) {
+      const tree_node& nd = t_.nodes[k];
+      // What the children's sets allow (both modes: series and complicate nodes read both).
+      cost_t lo = 0, hi = std::numeric_limits<cost_t>::max();
+      for (std::size_t c = 0; c < nd.child_count; ++c) {
+        const std::size_t ch = t_.children[nd.first_child + c];
+        for (std::size_t q = 2 * ch; q < 2 * ch + 2; ++q) {
+          lo = std::max(lo, valid_lo_[q]);
+          hi = std::min(hi, valid_hi_[q]);
+        }
+      }
       for (int m = 0; m < 2; ++m) {
-        switch (t_.nodes[k].kind) {
+        const std::size_t km = 2 * k + static_cast<std::size_t>(m);
+        if (computed_[km] != 0 && valid_lo_[km] <= bound && bound < valid_hi_[km]) continue;
+        for (const std::size_t id : owned_[km])
+          free_.push_back(id);
+        owned_[km].clear();
+        owner_ = km;
+        fit_lo_ = lo;
+        fit_hi_ = hi;
+        switch (nd.kind) {
           case node_kind::leaf:
             node_set_[2 * k + m] = unit_;
             break;
@@ -147,6 +178,10 @@ class budget_optimizer {
             complicate(k, m, bound);
             break;
         }
+        owner_ = npos;
+        valid_lo_[km] = fit_lo_;
+        valid_hi_[km] = fit_hi_;
+        computed_[km] = 1;
       }
     }
     return sets_[node_set_[0]];
@@ -246,10 +281,19 @@ class budget_optimizer {
   static constexpr std::uint8_t tag_from_exact = 0, tag_from_packed = 1, tag_run = 2, tag_keep = 3,
                                 tag_pack = 4, tag_whole = 5, tag_stored = 6;
 
+  /// A new empty set, owned by the node being computed (freed when it is computed again).
   std::size_t make_set() {
-    if (used_ == sets_.size()) sets_.emplace_back();
-    sets_[used_].clear();
-    return used_++;
+    std::size_t id;
+    if (!free_.empty()) {
+      id = free_.back();
+      free_.pop_back();
+      sets_[id].clear();
+    } else {
+      id = sets_.size();
+      sets_.emplace_back();
+    }
+    if (owner_ != npos) owned_[owner_].push_back(id);
+    return id;
   }
 
   /// Merges a Pareto sequence (bytes up, time down: `make(0)`, ..., `make(count - 1)`) into the
@@ -436,6 +480,11 @@ class budget_optimizer {
       const cost_t need = prefix[j] - cj - bound;  // a run from i fits iff prefix[i] >= need
       while (window_size() > 0 && prefix[window_front()] < need)
         window_pop();
+      // The runs that fit start at f..j-2 (the costliest from f), those that do not before f
+      // (the cheapest from f - 1): the pass's result holds for bounds between the two costs.
+      const std::size_t f = window_size() > 0 ? window_front() : j - 1;
+      if (window_size() > 0) fit_lo_ = std::max(fit_lo_, prefix[j] - cj - prefix[f]);
+      if (f >= 1 && j >= 2) fit_hi_ = std::min(fit_hi_, prefix[j] - cj - prefix[f - 1]);
       if (window_size() > 0) {
         const auto& runs = window_union();
         const double shift = tprefix[j] - tj;
@@ -547,9 +596,16 @@ class budget_optimizer {
       return pareto_point{stored[i].k, stored[i].t, stored[i].a, static_cast<std::uint32_t>(i),
                           0,           tag_stored};
     });
-    if (m == 0 && nd.cost <= bound)
-      absorb(1,
-             [&](std::size_t) { return pareto_point{0, node_time_[k], nd.cost, 0, 0, tag_whole}; });
+    if (m == 0) {
+      if (nd.cost <= bound) {
+        fit_lo_ = std::max(fit_lo_, nd.cost);
+        absorb(1, [&](std::size_t) {
+          return pareto_point{0, node_time_[k], nd.cost, 0, 0, tag_whole};
+        });
+      } else {
+        fit_hi_ = std::min(fit_hi_, nd.cost);
+      }
+    }
     node_set_[2 * k + m] = finish_set();
   }
 
@@ -566,7 +622,17 @@ class budget_optimizer {
   std::vector<double> tprefix_;
   std::vector<std::vector<std::vector<std::size_t>>> groups_;  // complicate: children by entry
   std::deque<std::vector<pareto_point>> sets_;                 // stable references while it grows
-  std::size_t used_ = 0, empty_ = 0, unit_ = 0;
+  std::vector<std::size_t> free_;                              // ids of sets no node owns
+  std::size_t empty_ = 0, unit_ = 0;
+  // Reuse across passes: the sets each (node, mode) made, the bounds [lo, hi) they hold for,
+  // whether they exist, and the limits they were made under.
+  std::vector<std::vector<std::size_t>> owned_;
+  std::vector<cost_t> valid_lo_, valid_hi_;
+  std::vector<char> computed_;
+  cost_t memo_k_max_ = std::numeric_limits<cost_t>::max();
+  double memo_t_stop_ = std::numeric_limits<double>::infinity();
+  std::size_t owner_ = npos;  // the (node, mode) being computed
+  cost_t fit_lo_ = 0, fit_hi_ = 0;
   std::vector<std::vector<pareto_point>> win_points_;  // per run start i of the current series
   std::vector<std::pair<std::size_t, std::vector<pareto_point>>> win_front_;
   std::vector<std::size_t> win_back_;
