@@ -27,6 +27,9 @@ def describe(policy):
             _, classes, codec = p.split(":")
             names = "all" if classes.count(";") == 4 else classes.replace(";", ", ")
             out.append(f"store {names} as {codec}")
+        elif p.startswith("gamma:"):  # --layer-gamma: "gamma:7=0.800000;..."
+            layers = [kv.split("=") for kv in p[len("gamma:"):].split(";")]
+            out.append(", ".join(f"layer {k} at gamma {float(g):g}" for k, g in layers))
         else:
             out.append(f"{p} values")
     return ", ".join(out)
