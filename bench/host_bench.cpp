@@ -291,6 +291,43 @@ void bench_bitmask(benchmark::State& state, P policy, bool restore) {
   finish(state, n, sizeof(T), static_cast<double>(layout.total_bytes));
 }
 
+/// The Elias-Fano coding pass of a MinK 0.9 pack alone (3 low bits), from the bitmask a pack with
+/// bitmask positions wrote, with the kernels of instruction set `isa` (avx2: the BMI2 encoder;
+/// avx512: the AVX-512 VBMI2 one where the CPU has it, which the counter `vbmi2` says).
+template <class T>
+void bench_ef_encode(benchmark::State& state, dropit::detail::host_isa isa) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto exec = executor();
+  const dropit::MinK<0.9> policy;
+  const auto mask = dropit::make_layout(n, policy.kept(n), sizeof(T), dropit::value_codec::exact,
+                                        dropit::position_choice::no_elias_fano);
+  const auto ef = dropit::make_layout(n, policy.kept(n), sizeof(T));
+  if (ef.positions != dropit::position_encoding::elias_fano || ef.wide() ||
+      static_cast<int>(dropit::detail::detect_host_isa()) < static_cast<int>(isa)) {
+    state.SkipWithError("no Elias-Fano layout at this size, or the CPU lacks the instruction set");
+    return;
+  }
+  const unsigned threads = exec.thread_count(n);
+  const auto p =
+      dropit::detail::host_pack(policy, input<T>(n).data(), mask, threads, exec.memory_resource());
+  const auto* words = reinterpret_cast<const std::uint32_t*>(p.data() + mask.positions_offset);
+  const auto* offsets =
+      reinterpret_cast<const std::uint32_t*>(p.data() + mask.block_offsets_offset);
+  std::vector<std::byte> out(ef.total_bytes);
+  auto& cap = dropit::detail::host_isa_cap();
+  const int saved = cap.load();
+  cap.store(static_cast<int>(isa));
+  for (auto _ : state) {
+    dropit::detail::host_encode_positions(words, offsets, ef, out.data(), threads);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  cap.store(saved);
+  state.counters["vbmi2"] =
+      isa == dropit::detail::host_isa::avx512 && dropit::detail::host_has_vbmi2() ? 1 : 0;
+  finish(state, n, sizeof(T), static_cast<double>(ef.total_bytes));
+}
+
 /// Pack / restore on exactly t threads, below and above the executor's parallel threshold.
 /// `idle_us` > 0: the threads idle that long before each (timed) call, as between the layers of
 /// a training step, so that pool workers have gone to sleep.
@@ -538,6 +575,10 @@ void register_size(const std::string& type, std::int64_t n) {
       [](benchmark::State& st) { bench_bitmask<T>(st, dropit::MinK<0.9>{}, true); });
   add("restore_no_stream/MinK/0.9/" + type,
       [](benchmark::State& st) { bench_restore_no_stream<T>(st, dropit::MinK<0.9>{}); });
+  add("ef_encode/bmi2/" + type,
+      [](benchmark::State& st) { bench_ef_encode<T>(st, dropit::detail::host_isa::avx2); });
+  add("ef_encode/avx512/" + type,
+      [](benchmark::State& st) { bench_ef_encode<T>(st, dropit::detail::host_isa::avx512); });
 }
 
 /// Training-sized packs (saved layer inputs of 1e5 to 2e6 elements) through the executor.

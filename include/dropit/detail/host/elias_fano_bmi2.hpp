@@ -11,7 +11,8 @@
  * word's bits between separator slots and extracting them with the separators gives it in two
  * instructions. Its part of the low array is the kept elements' positions in their bucket: the
  * positions of a half word's set bits as 4-bit nibbles (extract from 0xFEDCBA9876543210), then
- * their low L bits.
+ * their low L bits. With AVX-512 VBMI2 the low array's part is a byte compress instead
+ * (`ef_encode_block_vbmi2`).
  */
 #pragma once
 
@@ -183,6 +184,106 @@ DROPIT_TARGET_AVX2 void ef_encode_block_bmi2(const ef_shape& s, const std::uint3
   hp.finish();
   lp.finish();
 }
+
+DROPIT_AVX512_WARNINGS_OFF
+/**
+ * `ef_encode_block` for 2 <= s.l <= 4 with AVX-512 VBMI2: one loop over 64-element words. The
+ * high array's part comes from bit deposit and extract as in `ef_encode_block_bmi2`; the low
+ * array's from one byte compress of the indices 0..63 under the word's mask (the kept elements'
+ * positions in the word, in order; their low L bits are their positions in their bucket, as 2^L
+ * divides 64), then one bit extract of the low L bits of each byte per 8 kept elements: about
+ * half the instructions of the four half-word extracts, 2x the BMI2 encoder's speed on one Zen 4
+ * core (2^26 elements at gamma 0.9: 9.2 vs 18.7 ms).
+ */
+template <class Offset>
+DROPIT_TARGET_AVX512_VBMI2 void ef_encode_block_vbmi2(const ef_shape& s, const std::uint32_t* words,
+                                                      const Offset* counts, std::size_t b,
+                                                      std::uint64_t* low, std::uint64_t* high,
+                                                      Offset* ef_offsets) noexcept {
+  const unsigned l = s.l;
+  const std::size_t sub_blocks = (s.n + block_elements - 1) / block_elements;
+  const std::size_t total_words = (s.n + word_elements - 1) / word_elements;
+  const ef_block_span span = ef_block_span::of(s, counts, b);
+  ef_offsets[b] = static_cast<Offset>(span.kb);
+  std::uint64_t spill[2];
+  ef_packer hp{
+      high, span.h_first, span.h_end, span.h_bit / 64, static_cast<unsigned>(span.h_bit % 64),
+      spill};
+  ef_packer lp{
+      low,      span.l_first, span.l_end, span.kb * l / 64, static_cast<unsigned>(span.kb * l % 64),
+      spill + 1};
+  const unsigned buckets = 32u >> l;
+  const unsigned width = (1u << l) + 1;
+  std::uint64_t separators = 0;
+  for (unsigned g = 0; g < buckets; ++g)
+    separators |= std::uint64_t{1} << ((g + 1) * width - 1);
+  const std::uint64_t slots = ((std::uint64_t{1} << (buckets * width)) - 1) & ~separators;
+  const std::uint64_t byte_low = 0x0101010101010101ull * ((std::uint64_t{1} << l) - 1);
+  alignas(64) std::uint8_t index[64];
+  for (unsigned i = 0; i < 64; ++i)
+    index[i] = static_cast<std::uint8_t>(i);
+  const __m512i iota = _mm512_load_si512(index);
+  constexpr std::size_t per_block = block_elements / word_elements;
+  auto empty_block = [&](std::size_t w) {
+    if (w % per_block != 0 || w + per_block > total_words) return false;
+    const std::size_t c = w / per_block;
+    const std::size_t next = c + 1 < sub_blocks ? static_cast<std::size_t>(counts[c + 1]) : s.k;
+    return next == static_cast<std::size_t>(counts[c]);
+  };
+  // The low part of `count` kept elements whose positions `comp` holds: 8 l bits per 8 bytes.
+  auto low_lanes = [&](__m512i comp, unsigned count) DROPIT_TARGET_AVX512_VBMI2 {
+    alignas(64) std::uint64_t lanes[8];
+    _mm512_store_si512(lanes, comp);
+    for (unsigned q = 0; 8 * q < count; ++q)
+      lp.append(_pext_u64(lanes[q], byte_low), (count - 8 * q < 8 ? count - 8 * q : 8) * l);
+  };
+  // Two bitmask words (64 elements) per step; `start` is a multiple of a block of 1024, so w
+  // stays even. A step appends to a packer that is done, if the other is not, harmlessly (its
+  // stores go to `spill`).
+  const std::size_t first_word = span.start / word_elements;
+  const std::size_t pairs_end = first_word + (total_words - first_word) / 2 * 2;
+  std::size_t w = first_word;
+  for (; w < pairs_end && (hp.w < hp.end || lp.w < lp.end); w += 2) {
+    if (empty_block(w)) {
+      for (std::size_t z = 0; z < (block_elements >> l); z += 64)
+        hp.append(0, static_cast<unsigned>(
+                         (block_elements >> l) - z < 64 ? (block_elements >> l) - z : 64));
+      w += per_block - 2;
+      continue;
+    }
+    std::uint64_t m;
+    std::memcpy(&m, words + w, sizeof m);
+    const auto ma = static_cast<std::uint32_t>(m);
+    const auto mb = static_cast<std::uint32_t>(m >> 32);
+    const std::uint64_t ha = ef_high_part(ma, slots, separators);
+    const std::uint64_t hb = ef_high_part(mb, slots, separators);
+    const unsigned la = static_cast<unsigned>(__builtin_popcount(ma)) + buckets;  // <= 40
+    const unsigned lb = static_cast<unsigned>(__builtin_popcount(mb)) + buckets;
+    if (la + lb <= 64) {
+      hp.append(ha | (hb << la), la + lb);
+    } else {
+      hp.append(ha, la);
+      hp.append(hb, lb);
+    }
+    const auto c = static_cast<unsigned>(__builtin_popcountll(m));
+    const __m512i comp = _mm512_maskz_compress_epi8(m, iota);
+    if (c <= 8) {  // the common case at gamma >= 0.9: one lane, from a register
+      const auto lane = static_cast<std::uint64_t>(_mm_cvtsi128_si64(_mm512_castsi512_si128(comp)));
+      lp.append(_pext_u64(lane, byte_low), c * l);
+    } else {
+      low_lanes(comp, c);
+    }
+  }
+  if (w == pairs_end && w < total_words) {  // an odd count's last word
+    const std::uint32_t m = words[w];
+    const auto c = static_cast<unsigned>(__builtin_popcount(m));
+    if (hp.w < hp.end) hp.append(ef_high_part(m, slots, separators), c + buckets);
+    if (lp.w < lp.end) low_lanes(_mm512_maskz_compress_epi8(m, iota), c);
+  }
+  hp.finish();
+  lp.finish();
+}
+DROPIT_AVX512_WARNINGS_ON
 
 /// Whether `ef_visit_block_bmi2` decodes a code of `low_bits` low bits per kept element on this
 /// instruction set (1 to 8: one byte per element; BMI2 comes with AVX2 here).

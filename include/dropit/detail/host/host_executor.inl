@@ -157,14 +157,21 @@ void host_encode_positions(const std::uint32_t* words, const Offset* counts, con
   auto* high = reinterpret_cast<std::uint64_t*>(payload + l.high_offset);
   auto* ef_offsets = reinterpret_cast<Offset*>(payload + l.block_offsets_offset);
 #if DROPIT_HOST_X86
-  // 2 to 4 low bits (gamma about 0.75 to 0.97): a bitmask word at a time with BMI2.
-  const bool word_at_a_time = active_host_isa() >= host_isa::avx2 && s.l >= 2 && s.l <= 4;
+  // 2 to 4 low bits (gamma about 0.75 to 0.97): a bitmask word at a time with BMI2, 64
+  // elements at a time with AVX-512 VBMI2.
+  const host_isa isa = active_host_isa();
+  const bool word_at_a_time = isa >= host_isa::avx2 && s.l >= 2 && s.l <= 4;
+  const bool vbmi2 = word_at_a_time && isa == host_isa::avx512 && host_has_vbmi2();
 #else
   const bool word_at_a_time = false;
 #endif
   parallel_for(threads, s.blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
     for (std::size_t b = b0; b < b1; ++b) {
 #if DROPIT_HOST_X86
+      if (vbmi2) {
+        ef_encode_block_vbmi2(s, words, counts, b, low, high, ef_offsets);
+        continue;
+      }
       if (word_at_a_time) {
         ef_encode_block_bmi2(s, words, counts, b, low, high, ef_offsets);
         continue;

@@ -23,6 +23,9 @@
 /// Functions that may use AVX-512 F, BW, DQ, VL.
 #define DROPIT_TARGET_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,popcnt,bmi,bmi2")))
+/// Functions that may also use AVX-512 VBMI2 (byte compress: Ice Lake, Zen 4 and later).
+#define DROPIT_TARGET_AVX512_VBMI2 \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi2,avx2,popcnt,bmi,bmi2")))
 #else
 #define DROPIT_HOST_X86 0
 #endif
@@ -68,6 +71,20 @@ enum class host_isa : int {
   }
 #endif
   return host_isa::baseline;
+}
+
+/// Whether the CPU has AVX-512 VBMI2 besides `host_isa::avx512` (a kernel uses it only where the
+/// active instruction set is `avx512`, so the tests' cap turns it off with the rest).
+[[nodiscard]] inline bool host_has_vbmi2() noexcept {
+#if DROPIT_HOST_X86
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return detect_host_isa() == host_isa::avx512 && __builtin_cpu_supports("avx512vbmi2");
+  }();
+  return has;
+#else
+  return false;
+#endif
 }
 
 /// The last-level cache's size as the OS reports it (`sysconf`), 32 MiB where it does not: what
