@@ -71,6 +71,23 @@ DROPIT_TARGET_AVX2 inline std::uint64_t ef_high_part(std::uint32_t m, std::uint6
   return _pext_u64(spread, spread | separators);
 }
 
+/// Appends two bitmask words' part of the high array (`buckets` per word; one append when both
+/// fit in 64 bits, which halves the chain of dependent appends).
+DROPIT_TARGET_AVX2 inline void ef_append_high(ef_packer& hp, std::uint32_t ma, std::uint32_t mb,
+                                              unsigned buckets, std::uint64_t slots,
+                                              std::uint64_t separators) noexcept {
+  const std::uint64_t ha = ef_high_part(ma, slots, separators);
+  const std::uint64_t hb = ef_high_part(mb, slots, separators);
+  const unsigned la = static_cast<unsigned>(__builtin_popcount(ma)) + buckets;  // <= 40
+  const unsigned lb = static_cast<unsigned>(__builtin_popcount(mb)) + buckets;
+  if (la + lb <= 64) {
+    hp.append(ha | (hb << la), la + lb);
+  } else {
+    hp.append(ha, la);
+    hp.append(hb, lb);
+  }
+}
+
 /// A half word's part of the low array: its kept elements' positions in their bucket (l < 4: the
 /// low l bits of each, `low_of_nibble` selecting them), popcount(half) x l bits.
 DROPIT_TARGET_AVX2 inline std::uint64_t ef_low_part(std::uint32_t half, unsigned l,
@@ -80,6 +97,52 @@ DROPIT_TARGET_AVX2 inline std::uint64_t ef_low_part(std::uint32_t half, unsigned
   return l < 4 ? _pext_u64(v, low_of_nibble) : v;
 }
 
+/// What both word-at-a-time encoders set up for block b (2 <= L <= 4): its span, the packers of
+/// its high and low arrays (stores to words they do not own go to `spill`), and the high array's
+/// deposit pattern: a 32-bit word's G = 32 >> L buckets of 2^L element slots, each followed by a
+/// separator slot.
+struct ef_word_coder {
+  ef_block_span span;
+  ef_packer hp, lp;
+  unsigned buckets;
+  std::uint64_t separators, slots;
+  std::size_t sub_blocks, total_words;
+
+  template <class Offset>
+  static ef_word_coder of(const ef_shape& s, const Offset* counts, std::size_t b,
+                          std::uint64_t* low, std::uint64_t* high, std::uint64_t* spill) noexcept {
+    const unsigned l = s.l;
+    const ef_block_span span = ef_block_span::of(s, counts, b);
+    ef_word_coder c{span,
+                    {high, span.h_first, span.h_end, span.h_bit / 64,
+                     static_cast<unsigned>(span.h_bit % 64), spill},
+                    {low, span.l_first, span.l_end, span.kb * l / 64,
+                     static_cast<unsigned>(span.kb * l % 64), spill + 1},
+                    32u >> l,
+                    0,
+                    0,
+                    (s.n + block_elements - 1) / block_elements,
+                    (s.n + word_elements - 1) / word_elements};
+    const unsigned width = (1u << l) + 1;
+    for (unsigned g = 0; g < c.buckets; ++g)
+      c.separators |= std::uint64_t{1} << ((g + 1) * width - 1);
+    c.slots = ((std::uint64_t{1} << (c.buckets * width)) - 1) & ~c.separators;
+    return c;
+  }
+
+  /// Whether bitmask word w starts a block of 1024 that keeps nothing (its words then give the
+  /// high array zeros and the low array nothing).
+  template <class Offset>
+  [[nodiscard]] bool empty_block(const ef_shape& s, const Offset* counts,
+                                 std::size_t w) const noexcept {
+    constexpr std::size_t per_block = block_elements / word_elements;
+    if (w % per_block != 0 || w + per_block > total_words) return false;
+    const std::size_t c = w / per_block;
+    const std::size_t next = c + 1 < sub_blocks ? static_cast<std::size_t>(counts[c + 1]) : s.k;
+    return next == static_cast<std::size_t>(counts[c]);
+  }
+};
+
 /// `ef_encode_block` for 2 <= s.l <= 4 with BMI2.
 template <class Offset>
 DROPIT_TARGET_AVX2 void ef_encode_block_bmi2(const ef_shape& s, const std::uint32_t* words,
@@ -87,37 +150,21 @@ DROPIT_TARGET_AVX2 void ef_encode_block_bmi2(const ef_shape& s, const std::uint3
                                              std::uint64_t* low, std::uint64_t* high,
                                              Offset* ef_offsets) noexcept {
   const unsigned l = s.l;
-  const std::size_t sub_blocks = (s.n + block_elements - 1) / block_elements;
-  const std::size_t total_words = (s.n + word_elements - 1) / word_elements;
-  const ef_block_span span = ef_block_span::of(s, counts, b);
-  const std::size_t start = span.start;
-  ef_offsets[b] = static_cast<Offset>(span.kb);
   std::uint64_t spill[2];  // (a local apart from the packers, which stay in registers)
-  ef_packer hp{
-      high, span.h_first, span.h_end, span.h_bit / 64, static_cast<unsigned>(span.h_bit % 64),
-      spill};
-  ef_packer lp{
-      low,      span.l_first, span.l_end, span.kb * l / 64, static_cast<unsigned>(span.kb * l % 64),
-      spill + 1};
-  // G buckets of 2^L element slots, each followed by a separator slot.
-  const unsigned buckets = 32u >> l;
-  const unsigned width = (1u << l) + 1;
-  std::uint64_t separators = 0;
-  for (unsigned g = 0; g < buckets; ++g)
-    separators |= std::uint64_t{1} << ((g + 1) * width - 1);
-  const std::uint64_t slots = ((std::uint64_t{1} << (buckets * width)) - 1) & ~separators;
+  const ef_word_coder coder = ef_word_coder::of(s, counts, b, low, high, spill);
+  ef_offsets[b] = static_cast<Offset>(coder.span.kb);
+  ef_packer hp = coder.hp;
+  ef_packer lp = coder.lp;
+  const std::size_t start = coder.span.start;
+  const std::size_t total_words = coder.total_words;
+  const unsigned buckets = coder.buckets;
+  const std::uint64_t separators = coder.separators;
+  const std::uint64_t slots = coder.slots;
   std::uint64_t low_of_nibble = 0;  // the low L bits of every nibble
   for (unsigned q = 0; q < 16; ++q)
     low_of_nibble |= ((std::uint64_t{1} << l) - 1) << (4 * q);
   constexpr std::size_t per_block = block_elements / word_elements;
-  // Words of a block of 1024 that keeps nothing: the high array gets its zeros, the low array
-  // nothing.
-  auto empty_block = [&](std::size_t w) {
-    if (w % per_block != 0 || w + per_block > total_words) return false;
-    const std::size_t c = w / per_block;
-    const std::size_t next = c + 1 < sub_blocks ? static_cast<std::size_t>(counts[c + 1]) : s.k;
-    return next == static_cast<std::size_t>(counts[c]);
-  };
+  auto empty_block = [&](std::size_t w) { return coder.empty_block(s, counts, w); };
   // Each array in a loop of its own (fewer live registers), two words (a 64-bit word of the
   // bitmask) per step: `start` is a multiple of a block of 1024, so w stays even. The two words'
   // parts are joined into one append whenever they fit in 64 bits (the low array's, at gamma 0.9,
@@ -133,18 +180,7 @@ DROPIT_TARGET_AVX2 void ef_encode_block_bmi2(const ef_shape& s, const std::uint3
       w += per_block - 2;
       continue;
     }
-    const std::uint32_t ma = words[w];
-    const std::uint32_t mb = words[w + 1];
-    const std::uint64_t ha = ef_high_part(ma, slots, separators);
-    const std::uint64_t hb = ef_high_part(mb, slots, separators);
-    const unsigned la = static_cast<unsigned>(__builtin_popcount(ma)) + buckets;  // <= 40
-    const unsigned lb = static_cast<unsigned>(__builtin_popcount(mb)) + buckets;
-    if (la + lb <= 64) {
-      hp.append(ha | (hb << la), la + lb);
-    } else {
-      hp.append(ha, la);
-      hp.append(hb, lb);
-    }
+    ef_append_high(hp, words[w], words[w + 1], buckets, slots, separators);
   }
   if (w == pairs_end && w < total_words && hp.w < hp.end) {  // an odd count's last word
     const std::uint32_t m = words[w];
@@ -201,35 +237,22 @@ DROPIT_TARGET_AVX512_VBMI2 void ef_encode_block_vbmi2(const ef_shape& s, const s
                                                       std::uint64_t* low, std::uint64_t* high,
                                                       Offset* ef_offsets) noexcept {
   const unsigned l = s.l;
-  const std::size_t sub_blocks = (s.n + block_elements - 1) / block_elements;
-  const std::size_t total_words = (s.n + word_elements - 1) / word_elements;
-  const ef_block_span span = ef_block_span::of(s, counts, b);
-  ef_offsets[b] = static_cast<Offset>(span.kb);
   std::uint64_t spill[2];
-  ef_packer hp{
-      high, span.h_first, span.h_end, span.h_bit / 64, static_cast<unsigned>(span.h_bit % 64),
-      spill};
-  ef_packer lp{
-      low,      span.l_first, span.l_end, span.kb * l / 64, static_cast<unsigned>(span.kb * l % 64),
-      spill + 1};
-  const unsigned buckets = 32u >> l;
-  const unsigned width = (1u << l) + 1;
-  std::uint64_t separators = 0;
-  for (unsigned g = 0; g < buckets; ++g)
-    separators |= std::uint64_t{1} << ((g + 1) * width - 1);
-  const std::uint64_t slots = ((std::uint64_t{1} << (buckets * width)) - 1) & ~separators;
+  const ef_word_coder coder = ef_word_coder::of(s, counts, b, low, high, spill);
+  ef_offsets[b] = static_cast<Offset>(coder.span.kb);
+  ef_packer hp = coder.hp;
+  ef_packer lp = coder.lp;
+  const std::size_t total_words = coder.total_words;
+  const unsigned buckets = coder.buckets;
+  const std::uint64_t separators = coder.separators;
+  const std::uint64_t slots = coder.slots;
   const std::uint64_t byte_low = 0x0101010101010101ull * ((std::uint64_t{1} << l) - 1);
   alignas(64) std::uint8_t index[64];
   for (unsigned i = 0; i < 64; ++i)
     index[i] = static_cast<std::uint8_t>(i);
   const __m512i iota = _mm512_load_si512(index);
   constexpr std::size_t per_block = block_elements / word_elements;
-  auto empty_block = [&](std::size_t w) {
-    if (w % per_block != 0 || w + per_block > total_words) return false;
-    const std::size_t c = w / per_block;
-    const std::size_t next = c + 1 < sub_blocks ? static_cast<std::size_t>(counts[c + 1]) : s.k;
-    return next == static_cast<std::size_t>(counts[c]);
-  };
+  auto empty_block = [&](std::size_t w) { return coder.empty_block(s, counts, w); };
   // The low part of `count` kept elements whose positions `comp` holds: 8 l bits per 8 bytes.
   auto low_lanes = [&](__m512i comp, unsigned count) DROPIT_TARGET_AVX512_VBMI2 {
     alignas(64) std::uint64_t lanes[8];
@@ -240,7 +263,7 @@ DROPIT_TARGET_AVX512_VBMI2 void ef_encode_block_vbmi2(const ef_shape& s, const s
   // Two bitmask words (64 elements) per step; `start` is a multiple of a block of 1024, so w
   // stays even. A step appends to a packer that is done, if the other is not, harmlessly (its
   // stores go to `spill`).
-  const std::size_t first_word = span.start / word_elements;
+  const std::size_t first_word = coder.span.start / word_elements;
   const std::size_t pairs_end = first_word + (total_words - first_word) / 2 * 2;
   std::size_t w = first_word;
   for (; w < pairs_end && (hp.w < hp.end || lp.w < lp.end); w += 2) {
@@ -253,18 +276,8 @@ DROPIT_TARGET_AVX512_VBMI2 void ef_encode_block_vbmi2(const ef_shape& s, const s
     }
     std::uint64_t m;
     std::memcpy(&m, words + w, sizeof m);
-    const auto ma = static_cast<std::uint32_t>(m);
-    const auto mb = static_cast<std::uint32_t>(m >> 32);
-    const std::uint64_t ha = ef_high_part(ma, slots, separators);
-    const std::uint64_t hb = ef_high_part(mb, slots, separators);
-    const unsigned la = static_cast<unsigned>(__builtin_popcount(ma)) + buckets;  // <= 40
-    const unsigned lb = static_cast<unsigned>(__builtin_popcount(mb)) + buckets;
-    if (la + lb <= 64) {
-      hp.append(ha | (hb << la), la + lb);
-    } else {
-      hp.append(ha, la);
-      hp.append(hb, lb);
-    }
+    ef_append_high(hp, static_cast<std::uint32_t>(m), static_cast<std::uint32_t>(m >> 32), buckets,
+                   slots, separators);
     const auto c = static_cast<unsigned>(__builtin_popcountll(m));
     const __m512i comp = _mm512_maskz_compress_epi8(m, iota);
     if (c <= 8) {  // the common case at gamma >= 0.9: one lane, from a register
