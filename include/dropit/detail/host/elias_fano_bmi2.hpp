@@ -280,9 +280,14 @@ DROPIT_TARGET_AVX512_VBMI2 void ef_encode_block_vbmi2(const ef_shape& s, const s
                    slots, separators);
     const auto c = static_cast<unsigned>(__builtin_popcountll(m));
     const __m512i comp = _mm512_maskz_compress_epi8(m, iota);
+    const __m128i lanes01 = _mm512_castsi512_si128(comp);
     if (c <= 8) {  // the common case at gamma >= 0.9: one lane, from a register
-      const auto lane = static_cast<std::uint64_t>(_mm_cvtsi128_si64(_mm512_castsi512_si128(comp)));
+      const auto lane = static_cast<std::uint64_t>(_mm_cvtsi128_si64(lanes01));
       lp.append(_pext_u64(lane, byte_low), c * l);
+    } else if (c <= 16 && c * l <= 64) {  // two lanes, one append
+      const auto lane0 = static_cast<std::uint64_t>(_mm_cvtsi128_si64(lanes01));
+      const auto lane1 = static_cast<std::uint64_t>(_mm_extract_epi64(lanes01, 1));
+      lp.append(_pext_u64(lane0, byte_low) | (_pext_u64(lane1, byte_low) << (8 * l)), c * l);
     } else {
       low_lanes(comp, c);
     }
