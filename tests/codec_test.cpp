@@ -317,3 +317,65 @@ TEST_CASE_TEMPLATE(
   }
   cap.store(saved_cap);
 }
+
+#if DROPIT_HOST_X86
+TEST_CASE("the AVX-512 e4m3 chunk paths give the portable bytes: every code, tie and boundary") {
+  if (dd::detect_host_isa() < dd::host_isa::avx512) {
+    MESSAGE("skipped: this CPU lacks AVX-512");
+    return;
+  }
+  // Values y the code sees exactly (each chunk holds 448, so its scale is 1): every code's value,
+  // every midpoint between neighbouring codes (the ties) and the floats next to them, both signs;
+  // a sweep over the float bits up to 448; zeros, float subnormals, NaN and infinities.
+  std::vector<float> y;
+  auto both = [&](float f) {
+    y.push_back(f);
+    y.push_back(-f);
+  };
+  for (int c = 0; c < 0x7e; ++c) {
+    const float lo = dd::e4m3_decode(static_cast<std::uint8_t>(c));
+    const float hi = dd::e4m3_decode(static_cast<std::uint8_t>(c + 1));
+    const float mid = (lo + hi) / 2;  // exact: one more significand bit than the codes have
+    for (const float f : {lo, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f),
+                          std::nextafter(lo, 1e9f)})
+      both(f);
+  }
+  for (std::uint32_t b = 0; b <= 0x43e00000u; b += 9973)
+    both(dd::bits_to_float(b));
+  for (const std::uint32_t b : {0x1u, 0x7fffffu, 0x800000u, 0x3c7fffffu, 0x3c800000u, 0x43e00000u})
+    both(dd::bits_to_float(b));
+  both(std::numeric_limits<float>::infinity());
+  both(std::numeric_limits<float>::quiet_NaN());
+  dd::codec_params p;
+  p.kind = dropit::value_codec::fp8_e4m3;
+  std::size_t chunks = 0;
+  for (std::size_t at = 0; at < y.size(); at += 1000) {
+    // 1001 values: up to 1000 of y, then 448; and the same chunk scaled by 3 (scale != 1).
+    for (const float times : {1.0f, 3.0f}) {
+      std::vector<float> v(y.begin() + static_cast<std::ptrdiff_t>(at),
+                           y.begin() + static_cast<std::ptrdiff_t>(std::min(y.size(), at + 1000)));
+      v.push_back(448.0f);
+      for (float& f : v)
+        f *= times;
+      std::vector<std::uint8_t> want(v.size()), got(v.size());
+      float want_scale = 0, got_scale = 0;
+      dd::encode_chunk(v.data(), v.size(), 0, p, want.data(), &want_scale);
+      got_scale = dd::encode_e4m3_avx512(v.data(), 0, v.size(), got.data());
+      CHECK(got == want);
+      CHECK(std::memcmp(&got_scale, &want_scale, 4) == 0);
+      ++chunks;
+    }
+  }
+  CHECK(chunks > 200);
+  // Decoding: every code, at several scales.
+  std::vector<std::uint8_t> codes(256);
+  for (int c = 0; c < 256; ++c)
+    codes[static_cast<std::size_t>(c)] = static_cast<std::uint8_t>(c);
+  for (const float s : {1.0f, 0.5f, 3.0e-3f, 1.7e20f, 0x1p-100f, 7.25f}) {
+    std::vector<float> want(256), got(256);
+    dd::decode_chunk(codes.data(), &s, 256, 0, dropit::value_codec::fp8_e4m3, want.data());
+    dd::decode_e4m3_avx512(codes.data(), s, 0, 256, got.data());
+    CHECK(same_bits<float>(got, want));
+  }
+}
+#endif

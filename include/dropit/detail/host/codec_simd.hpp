@@ -1,11 +1,12 @@
 /**
  * @file codec_simd.hpp
- * @brief The host's vector paths of the int8 codec for fp32 chunks (round to nearest): the same
- * bytes as `encode_chunk` / `decode_chunk` (detail/codec.hpp), sixteen (AVX-512) or eight (AVX2)
- * values at a time. The chunk's largest finite |v| is an integer maximum of the magnitude bits
- * (finite non-negative floats order like their bits); a product rounds once (no add follows it,
- * so nothing can fuse it) and converts to an integer with the default rounding mode, nearest even.
- * Other element types, stochastic rounding and e4m3 run the portable chunk bodies.
+ * @brief The host's vector paths of the int8 and e4m3 codecs for fp32 chunks (round to nearest):
+ * the same bytes as `encode_chunk` / `decode_chunk` (detail/codec.hpp), sixteen (AVX-512) or eight
+ * (AVX2) values at a time. The chunk's largest finite |v| is an integer maximum of the magnitude
+ * bits (finite non-negative floats order like their bits); a product rounds once (no add follows
+ * it, so nothing can fuse it) and converts to an integer with the default rounding mode, nearest
+ * even. e4m3 has an AVX-512 path (`encode_e4m3_avx512`, `decode_e4m3_avx512`). Other element types
+ * and stochastic rounding run the portable chunk bodies.
  */
 #pragma once
 
@@ -41,10 +42,9 @@ template <std::size_t N>
 
 DROPIT_AVX512_WARNINGS_OFF
 
-/// Encodes values[begin, end) (one chunk) to int8 codes; returns the chunk's scale.
-DROPIT_TARGET_AVX512 inline float encode_int8_avx512(const float* values, std::size_t begin,
-                                                     std::size_t end,
-                                                     std::uint8_t* codes) noexcept {
+/// The largest finite magnitude of values[begin, end) (one chunk), as bits.
+DROPIT_TARGET_AVX512 inline std::uint32_t absmax_bits_avx512(const float* values, std::size_t begin,
+                                                             std::size_t end) noexcept {
   const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
   const __m512i infinity = _mm512_set1_epi32(0x7f800000);
   __m512i best = _mm512_setzero_si512();
@@ -55,9 +55,18 @@ DROPIT_TARGET_AVX512 inline float encode_int8_avx512(const float* values, std::s
   }
   alignas(64) std::uint32_t lanes[16];
   _mm512_store_si512(lanes, best);
-  const chunk_scale cs =
-      scale_of(bits_to_float(absmax_tail(values, i, end, max_of(lanes))), 127.0f);
+  return absmax_tail(values, i, end, max_of(lanes));
+}
+
+/// Encodes values[begin, end) (one chunk) to int8 codes; returns the chunk's scale.
+DROPIT_TARGET_AVX512 inline float encode_int8_avx512(const float* values, std::size_t begin,
+                                                     std::size_t end,
+                                                     std::uint8_t* codes) noexcept {
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+  const __m512i infinity = _mm512_set1_epi32(0x7f800000);
+  const chunk_scale cs = scale_of(bits_to_float(absmax_bits_avx512(values, begin, end)), 127.0f);
   const float inv = cs.inv;
+  std::size_t i;
   const __m512 vinv = _mm512_set1_ps(inv);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
   const __m128i nan_code = _mm_set1_epi8(static_cast<char>(int8_nan_code));
@@ -94,6 +103,83 @@ DROPIT_TARGET_AVX512 inline void decode_int8_avx512(const std::uint8_t* codes, f
     const auto c = static_cast<std::int8_t>(codes[i]);
     values[i] = c == int8_nan_code ? bits_to_float(0x7fc00000u) : static_cast<float>(c) * s;
   }
+}
+
+/**
+ * Encodes values[begin, end) (one chunk) to e4m3 codes, the bits of `e4m3_encode` sixteen at a
+ * time; returns the chunk's scale. From y = v x inv's bits a (sign apart): at or above 2^-6 (a
+ * normal code) the 20 bits the code drops are rounded to nearest even by adding 0x7ffff plus the
+ * kept lowest bit, the exponent is rebiased (127 - 7) and anything past 448 saturates to 0x7e;
+ * below, the code is |y| x 2^9 rounded to the nearest integer (ties to even: the conversion's
+ * default mode; exact scaling), whose 8 is the least normal's code. NaN and infinite v, and y
+ * past the float range, give the NaN code; the sign is v's.
+ */
+DROPIT_TARGET_AVX512 inline float encode_e4m3_avx512(const float* values, std::size_t begin,
+                                                     std::size_t end,
+                                                     std::uint8_t* codes) noexcept {
+  const chunk_scale cs = scale_of(bits_to_float(absmax_bits_avx512(values, begin, end)),
+                                  codec_range(value_codec::fp8_e4m3));
+  const __m512 vinv = _mm512_set1_ps(cs.inv);
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+  const __m512i infinity = _mm512_set1_epi32(0x7f800000);
+  const __m512i least_normal = _mm512_set1_epi32(0x3c800000);  // 2^-6
+  const __m512i half_less = _mm512_set1_epi32(0x7ffff);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i rebias = _mm512_set1_epi32(120 << 3);
+  const __m512i largest = _mm512_set1_epi32(0x7e);  // 448
+  const __m512i nan_code = _mm512_set1_epi32(e4m3_nan_code);
+  const __m512i sign_bit = _mm512_set1_epi32(0x80);
+  const __m512 subnormal_scale = _mm512_set1_ps(0x1p9f);
+  std::size_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    const __m512 v = _mm512_loadu_ps(values + i);
+    const __m512i vb = _mm512_castps_si512(v);
+    const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_mul_ps(v, vinv)), magnitude);
+    __m512i normal = _mm512_add_epi32(
+        a, _mm512_add_epi32(half_less, _mm512_and_si512(_mm512_srli_epi32(a, 20), one)));
+    normal = _mm512_min_epi32(_mm512_sub_epi32(_mm512_srli_epi32(normal, 20), rebias), largest);
+    const __m512i subnormal =
+        _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), subnormal_scale));
+    __m512i code =
+        _mm512_mask_blend_epi32(_mm512_cmpge_epu32_mask(a, least_normal), subnormal, normal);
+    const __mmask16 finite = _mm512_cmplt_epu32_mask(_mm512_and_si512(vb, magnitude), infinity) &
+                             _mm512_cmplt_epu32_mask(a, infinity);
+    code = _mm512_mask_blend_epi32(finite, nan_code, code);
+    code = _mm512_or_si512(code, _mm512_and_si512(_mm512_srli_epi32(vb, 24), sign_bit));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(code));
+  }
+  for (; i < end; ++i)
+    codes[i] = e4m3_encode(finite_float(values[i]) ? mul_rn(values[i], cs.inv) : values[i]);
+  return cs.scale;
+}
+
+/// Decodes e4m3 codes[begin, end) with scale s into values: `e4m3_decode` then the product, sixteen
+/// at a time (a normal code's bits shift into place and rebias; a subnormal's 3 bits x 2^-9 are
+/// exact; the NaN codes give the quiet NaN with the code's sign).
+DROPIT_TARGET_AVX512 inline void decode_e4m3_avx512(const std::uint8_t* codes, float s,
+                                                    std::size_t begin, std::size_t end,
+                                                    float* values) noexcept {
+  const __m512 vs = _mm512_set1_ps(s);
+  const __m512i low7 = _mm512_set1_epi32(0x7f);
+  const __m512i rebias = _mm512_set1_epi32(120 << 23);
+  const __m512i eight = _mm512_set1_epi32(8);
+  const __m512i quiet_nan = _mm512_set1_epi32(0x7fc00000);
+  const __m512 step = _mm512_set1_ps(0x1p-9f);
+  std::size_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    const __m512i c =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
+    const __m512i mag = _mm512_and_si512(c, low7);
+    const __m512i sign = _mm512_slli_epi32(_mm512_andnot_si512(low7, c), 24);
+    const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), rebias);
+    const __m512i subnormal = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(mag), step));
+    __m512i bits = _mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(mag, eight), normal, subnormal);
+    bits = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(mag, low7), bits, quiet_nan);
+    const __m512 v = _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
+    _mm512_storeu_ps(values + i, _mm512_mul_ps(v, vs));
+  }
+  for (; i < end; ++i)
+    values[i] = mul_rn(e4m3_decode(codes[i]), s);
 }
 
 DROPIT_AVX512_WARNINGS_ON
@@ -166,11 +252,15 @@ void host_encode_chunk(const T* values, std::size_t k, std::size_t c, const code
                        std::uint8_t* codes, float* scales, host_isa isa) noexcept {
 #if DROPIT_HOST_X86
   if constexpr (std::is_same_v<T, float>) {
+    const std::size_t begin = c * codec_chunk;
+    const std::size_t end = k - begin < codec_chunk ? k : begin + codec_chunk;
     if (p.kind == value_codec::int8 && !p.stochastic && isa != host_isa::baseline) {
-      const std::size_t begin = c * codec_chunk;
-      const std::size_t end = k - begin < codec_chunk ? k : begin + codec_chunk;
       scales[c] = isa == host_isa::avx512 ? encode_int8_avx512(values, begin, end, codes)
                                           : encode_int8_avx2(values, begin, end, codes);
+      return;
+    }
+    if (p.kind == value_codec::fp8_e4m3 && isa == host_isa::avx512) {
+      scales[c] = encode_e4m3_avx512(values, begin, end, codes);
       return;
     }
   }
@@ -185,9 +275,13 @@ void host_decode_chunk(const std::uint8_t* codes, const float* scales, std::size
                        value_codec kind, T* values, host_isa isa) noexcept {
 #if DROPIT_HOST_X86
   if constexpr (std::is_same_v<T, float>) {
+    const std::size_t begin = c * codec_chunk;
+    const std::size_t end = k - begin < codec_chunk ? k : begin + codec_chunk;
+    if (kind == value_codec::fp8_e4m3 && isa == host_isa::avx512) {
+      decode_e4m3_avx512(codes, scales[c], begin, end, values);
+      return;
+    }
     if (kind == value_codec::int8 && isa != host_isa::baseline) {
-      const std::size_t begin = c * codec_chunk;
-      const std::size_t end = k - begin < codec_chunk ? k : begin + codec_chunk;
       if (isa == host_isa::avx512) {
         decode_int8_avx512(codes, scales[c], begin, end, values);
       } else {

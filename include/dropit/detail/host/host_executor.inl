@@ -162,8 +162,6 @@ void host_encode_positions(const std::uint32_t* words, const Offset* counts, con
   const host_isa isa = active_host_isa();
   const bool word_at_a_time = isa >= host_isa::avx2 && s.l >= 2 && s.l <= 4;
   const bool vbmi2 = word_at_a_time && isa == host_isa::avx512 && host_has_vbmi2();
-#else
-  const bool word_at_a_time = false;
 #endif
   parallel_for(threads, s.blocks(), [&](std::size_t b0, std::size_t b1, unsigned) {
     for (std::size_t b = b0; b < b1; ++b) {
