@@ -336,8 +336,8 @@ TEST_CASE("the AVX-512 e4m3 chunk paths give the portable bytes: every code, tie
     const float lo = dd::e4m3_decode(static_cast<std::uint8_t>(c));
     const float hi = dd::e4m3_decode(static_cast<std::uint8_t>(c + 1));
     const float mid = (lo + hi) / 2;  // exact: one more significand bit than the codes have
-    for (const float f : {lo, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f),
-                          std::nextafter(lo, 1e9f)})
+    for (const float f :
+         {lo, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f), std::nextafter(lo, 1e9f)})
       both(f);
   }
   for (std::uint32_t b = 0; b <= 0x43e00000u; b += 9973)
