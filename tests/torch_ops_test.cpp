@@ -292,6 +292,49 @@ TEST_CASE("torch: the 2x2 mask max-pool and the mask ReLU match LibTorch on wide
   });
 }
 
+TEST_CASE("torch: max-pool codes run on across planes; pieces split mid-word planes on threads") {
+  // Plane sizes whose codes end mid-word (7x7 outputs at 2 bits: 98 bits, a word boundary every
+  // 16 planes; 5x5 at 4 bits: 100 bits, every 8; 3x3 at 2 bits: 18, every 16), enough planes for
+  // several pieces, forking forced: the output, the gradient and the packed indices must equal
+  // LibTorch's, and the saved codes take ceil(planes x outputs x bits / 32) words.
+  using dropit::detail::fork_meter;
+  const auto overhead = fork_meter::overhead_ns();
+  fork_meter::set(0);
+  struct pool_case {
+    std::vector<std::int64_t> sizes;
+    std::int64_t k, s, p, bits;
+  };
+  for (const pool_case& c :
+       {pool_case{{6, 37, 14, 14}, 2, 2, 0, 2}, pool_case{{3, 45, 10, 10}, 3, 2, 1, 4},
+        pool_case{{2, 61, 7, 6}, 2, 2, 0, 2}}) {
+    CAPTURE(c.sizes);
+    torch::manual_seed(21);
+    const auto x = torch::randint(-3, 4, c.sizes, torch::kFloat);  // ties
+    dt::max_pool2d_params params;
+    params.kernel = {c.k, c.k};
+    params.stride = {c.s, c.s};
+    params.padding = {c.p, c.p};
+    auto [y, gx] =
+        forward_backward([&](const torch::Tensor& t) { return dt::max_pool2d(t, params); }, x);
+    auto [ry, rgx] = forward_backward(
+        [&](const torch::Tensor& t) { return torch::max_pool2d(t, c.k, c.s, c.p); }, x);
+    CHECK(same(y, ry));
+    CHECK(same(gx, rgx));
+    const auto [py, idx] = at::max_pool2d_with_indices(x, {c.k, c.k}, {c.s, c.s}, {c.p, c.p});
+    const auto packed = dt::packed_pool_indices::pack(idx, x.size(-2), x.size(-1), params);
+    CHECK(torch::equal(packed.restore(), idx));
+    CHECK(packed.bits() == c.bits);
+    CHECK(packed.bytes() == static_cast<std::size_t>((idx.numel() * c.bits + 31) / 32 * 4));
+    dt::counting_allocator counter;
+    dt::cpu_allocator_guard install(counter);
+    const auto xg = x.clone().requires_grad_(true);
+    CHECK(graph_bytes(counter, xg, [&](const torch::Tensor& h) {
+            return dt::max_pool2d(h, params);
+          }) == static_cast<std::size_t>((idx.numel() * c.bits + 31) / 32 * 4));
+  }
+  fork_meter::set(overhead);
+}
+
 TEST_CASE("torch: mask max-pool saves 2 bits per 2x2 window instead of input + int64 indices") {
   dt::counting_allocator counter;
   dt::cpu_allocator_guard install(counter);

@@ -175,10 +175,8 @@ TEST_CASE("torch packed_pool_indices: LibTorch's indices back, for every window 
           {w.kh, w.kw}, {w.sh, w.sw}, {w.ph, w.pw}, {w.dh, w.dw}, w.ceil};
       const auto p = dt::packed_pool_indices::pack(idx, x.size(-2), x.size(-1), params);
       CHECK(torch::equal(p.restore(), idx));
-      // Each plane's codes start on a 32-bit word.
-      const std::int64_t outputs = idx.size(-2) * idx.size(-1);
-      const std::int64_t planes = idx.numel() / outputs;
-      CHECK(p.bytes() == static_cast<std::size_t>(planes * ((outputs * p.bits() + 31) / 32) * 4));
+      // One stream of codes over all planes, rounded up to a 32-bit word.
+      CHECK(p.bytes() == static_cast<std::size_t>((idx.numel() * p.bits() + 31) / 32 * 4));
     }
   }
 }
@@ -189,7 +187,7 @@ TEST_CASE("torch packed_pool_indices: 2 bits per 2x2 window; channels-last; bad 
   const dt::max_pool2d_params two{};
   const auto p = dt::packed_pool_indices::pack(idx, 28, 28, two);
   CHECK(p.bits() == 2);
-  CHECK(p.bytes() == static_cast<std::size_t>(4 * 8 * ((14 * 14 * 2 + 31) / 32) * 4));
+  CHECK(p.bytes() == static_cast<std::size_t>(4 * 8 * 14 * 14 * 2 / 32 * 4));
 
   const auto xc = x.contiguous(at::MemoryFormat::ChannelsLast);
   const auto [yc, ic] = at::max_pool2d_with_indices(xc, {2, 2}, {2, 2});

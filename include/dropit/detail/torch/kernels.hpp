@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <type_traits>
 
 namespace dropit::torch::detail {
@@ -159,16 +160,26 @@ void relu_mask_backward(const T* g, const std::uint32_t* words, T* gx, std::int6
 }
 
 /**
- * The geometry of one 2-d max pooling over `planes` contiguous h x w planes. Each plane's codes
- * start on a word boundary (so planes are independent tasks): `plane_words` words per plane.
+ * The geometry of one 2-d max pooling over `planes` contiguous h x w planes. The codes of all
+ * planes form one bit stream (plane p's start at bit p * plane_bits(), no padding between planes);
+ * a group of `plane_group()` consecutive planes fills whole 32-bit words, so groups of planes are
+ * independent tasks.
  */
 struct pool_geometry {
   std::int64_t planes, h, w, oh, ow;  ///< input planes (N * C), input and output sizes
   std::int64_t kh, kw, sh, sw, ph, pw, dh, dw;
   int bits;  ///< bits per output code: a power of two >= bit_width(kh * kw - 1)
 
-  [[nodiscard]] std::int64_t plane_words() const noexcept { return (oh * ow * bits + 31) / 32; }
-  [[nodiscard]] std::int64_t code_words() const noexcept { return planes * plane_words(); }
+  /// Bits of one plane's codes.
+  [[nodiscard]] std::int64_t plane_bits() const noexcept { return oh * ow * bits; }
+  /// The fewest consecutive planes whose codes end on a word boundary (1 to 32).
+  [[nodiscard]] std::int64_t plane_group() const noexcept {
+    return 32 / std::gcd(plane_bits(), std::int64_t{32});
+  }
+  /// 32-bit words of the whole stream.
+  [[nodiscard]] std::int64_t code_words() const noexcept {
+    return (planes * plane_bits() + 31) / 32;
+  }
   /// The 2x2, stride 2, unpadded, undilated window, every window inside the input (the fast
   /// path; ceil mode on an odd size makes a last window that sticks out).
   [[nodiscard]] bool is_2x2() const noexcept {
@@ -176,6 +187,23 @@ struct pool_geometry {
            2 * oh <= h && 2 * ow <= w;
   }
 };
+
+/**
+ * Calls f(p0, p1, word) over pieces [p0, p1) of the planes, on LibTorch's threads as
+ * `parallel_pieces` decides (`plane_ns`: the work of one plane on one thread); every piece but the
+ * last ends on a word boundary of the code stream, and `word` is the word its first plane's codes
+ * start at, so pieces never share a word.
+ */
+template <class F>
+void for_each_plane_piece(const pool_geometry& g, double plane_ns, const F& f) {
+  const std::int64_t group = g.plane_group();
+  const std::int64_t groups = (g.planes + group - 1) / group;
+  parallel_pieces(0, groups, std::max<std::int64_t>(1, 16 / group),
+                  plane_ns * static_cast<double>(group), [&](std::int64_t g0, std::int64_t g1) {
+                    const std::int64_t p0 = g0 * group, p1 = std::min(g.planes, g1 * group);
+                    f(p0, p1, p0 * g.plane_bits() / 32);
+                  });
+}
 
 /// Bits per code for a window of `cells` positions: 1, 2, 4, 8, 16 or 32.
 [[nodiscard]] inline int code_bits(std::int64_t cells) noexcept {
@@ -267,11 +295,11 @@ template <class T>
 void max_pool_mask_forward(const T* x, T* y, std::uint32_t* codes, const pool_geometry& g) {
   const std::int64_t plane_in = g.h * g.w, plane_out = g.oh * g.ow;
   const double plane_ns = mask_ns_per_element * static_cast<double>(plane_in);
-  parallel_pieces(0, g.planes, 16, plane_ns, [&](std::int64_t p0, std::int64_t p1) {
+  for_each_plane_piece(g, plane_ns, [&](std::int64_t p0, std::int64_t p1, std::int64_t word) {
+    bit_writer codes_out(codes + word);
     for (std::int64_t p = p0; p < p1; ++p) {
       const T* in = x + p * plane_in;
       T* out = y + p * plane_out;
-      bit_writer codes_out(codes + p * g.plane_words());
       if (g.is_2x2()) {
         pool2x2_plane(in, out, codes_out, g);
       } else {
@@ -283,8 +311,8 @@ void max_pool_mask_forward(const T* x, T* y, std::uint32_t* codes, const pool_ge
           }
         }
       }
-      codes_out.finish();
     }
+    codes_out.finish();
   });
 }
 
@@ -324,11 +352,11 @@ void max_pool_mask_backward(const T* gy, const std::uint32_t* codes, T* gx,
   const std::int64_t plane_in = g.h * g.w, plane_out = g.oh * g.ow;
   const bool disjoint = g.sh >= (g.kh - 1) * g.dh + 1 && g.sw >= (g.kw - 1) * g.dw + 1;
   const double plane_ns = mask_ns_per_element * static_cast<double>(plane_in);
-  parallel_pieces(0, g.planes, 16, plane_ns, [&](std::int64_t p0, std::int64_t p1) {
+  for_each_plane_piece(g, plane_ns, [&](std::int64_t p0, std::int64_t p1, std::int64_t word) {
+    bit_reader pc(codes + word);
     for (std::int64_t p = p0; p < p1; ++p) {
       T* plane = gx + p * plane_in;
       const T* grad = gy + p * plane_out;
-      bit_reader pc(codes + p * g.plane_words());
       if (g.is_2x2()) {
         unpool2x2_plane(grad, pc, plane, g);
         continue;

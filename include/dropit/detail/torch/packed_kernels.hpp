@@ -4,7 +4,7 @@
  * its expansion back to 0/1 values, and max-pooling indices to window codes and back.
  *
  * Masks use the packed format's bitmask convention (bit j of word w describes element 32 w + j);
- * pooling codes use `pool_geometry`'s layout (each plane's codes start on a word boundary).
+ * pooling codes use `pool_geometry`'s layout (one bit stream over the planes).
  */
 #pragma once
 
@@ -169,15 +169,15 @@ inline bool encode_pool_indices(const std::int64_t* indices, std::uint32_t* code
   const std::vector<std::int32_t> origin = two ? pool2x2_origins(g) : std::vector<std::int32_t>{};
   std::atomic<bool> ok{true};
   const double plane_ns = mask_ns_per_element * static_cast<double>(plane_out);
-  parallel_pieces(0, g.planes, 16, plane_ns, [&](std::int64_t p0, std::int64_t p1) {
+  for_each_plane_piece(g, plane_ns, [&](std::int64_t p0, std::int64_t p1, std::int64_t word) {
     bool good = true;
 #if DROPIT_TORCH_SSE2
     std::uint32_t sse2_ok = 1;
     __m128i high = _mm_setzero_si128();
 #endif
+    bit_writer out(codes + word);
     for (std::int64_t p = p0; p < p1; ++p) {
       const std::int64_t* ind = indices + p * plane_out;
-      bit_writer out(codes + p * g.plane_words());
       if (two) {
         std::int64_t o = 0;
 #if DROPIT_TORCH_SSE2
@@ -199,8 +199,8 @@ inline bool encode_pool_indices(const std::int64_t* indices, std::uint32_t* code
           }
         }
       }
-      out.finish();
     }
+    out.finish();
 #if DROPIT_TORCH_SSE2
     good &= sse2_ok == 1 && _mm_movemask_epi8(_mm_cmpeq_epi32(high, _mm_setzero_si128())) == 0xffff;
 #endif
@@ -221,10 +221,10 @@ inline void decode_pool_indices(const std::uint32_t* codes, std::int64_t* indice
   for (std::int64_t c = 0; c < g.kh * g.kw; ++c)
     offset[static_cast<std::size_t>(c)] = c / g.kw * g.dh * g.w + c % g.kw * g.dw;
   const double plane_ns = mask_ns_per_element * static_cast<double>(plane_out);
-  parallel_pieces(0, g.planes, 16, plane_ns, [&](std::int64_t p0, std::int64_t p1) {
+  for_each_plane_piece(g, plane_ns, [&](std::int64_t p0, std::int64_t p1, std::int64_t word) {
+    bit_reader in(codes + word);
     for (std::int64_t p = p0; p < p1; ++p) {
       std::int64_t* ind = indices + p * plane_out;
-      bit_reader in(codes + p * g.plane_words());
       if (two) {
         std::int64_t o = 0;
 #if DROPIT_TORCH_SSE2
