@@ -469,6 +469,9 @@ TEST_CASE("torch: to_dropit replaces Sequential/ModuleList children, shares thei
   CHECK(report.replaced == 5);  // conv, pool, relu, two heads
   CHECK(report.switched == 6);  // those five plus `own`
   CHECK(report.excluded == 0);
+  CHECK(report.fused == 1);  // the pool applies the ReLU after it
+  CHECK(net->features[1]->as<dt::MaxPool2dImpl>()->applies_relu());
+  CHECK(net->features[2]->as<dt::ReLUImpl>()->absorbed());
   CHECK(net->features[0]->as<dt::Conv2dImpl>() != nullptr);
   CHECK(net->features[1]->as<dt::MaxPool2dImpl>() != nullptr);
   CHECK(net->features[2]->as<dt::ReLUImpl>() != nullptr);
@@ -502,6 +505,73 @@ TEST_CASE("torch: to_dropit replaces Sequential/ModuleList children, shares thei
   const auto off = dt::to_dropit(*net, {});
   CHECK(off.replaced == 0);
   CHECK(off.switched == 6);
+  CHECK(off.fused == 0);
+  net->eval();
+  auto fresh = Net();
+  fresh->eval();
+  torch::NoGradGuard no_grad;
+  // Still the model's function: the fused pool applies the ReLU on the plain path too.
+  auto dict = fresh->named_parameters();
+  for (const auto& p : net->named_parameters())
+    dict[p.key()].copy_(p.value());
+  CHECK(torch::equal(net(x), fresh(x)));
+}
+
+TEST_CASE("torch: to_dropit fuses MaxPool2d + ReLU: LibTorch's gradients, fewer saved bytes") {
+  auto make = [] {
+    torch::manual_seed(15);
+    return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(2, 8, 3).padding(1)), nn::MaxPool2d(2),
+                          nn::ReLU(nn::ReLUOptions().inplace(true)),
+                          nn::Conv2d(nn::Conv2dOptions(8, 8, 3).padding(1)), nn::MaxPool2d(2),
+                          nn::ReLU(), nn::Flatten(), nn::Linear(8 * 4 * 4, 3));
+  };
+  torch::manual_seed(16);
+  const auto x = torch::randn({6, 2, 16, 16});
+  const auto target = torch::randint(0, 3, {6});
+  auto plain = make();
+  torch::nn::functional::cross_entropy(plain->forward(x), target).backward();
+
+  dt::counting_allocator counter;
+  dt::cpu_allocator_guard install(counter);
+  std::size_t saved_fused = 0, saved_apart = 0;
+  for (bool fuse : {true, false}) {
+    CAPTURE(fuse);
+    auto net = make();
+    dt::convert_options options;
+    options.fuse_pool_relu = fuse;
+    // Identity keeps the conv/linear inputs exact, so every gradient must equal LibTorch's.
+    const auto report = dt::to_dropit(*net, make_policy(dt::policy_kind::identity), options);
+    CHECK(report.fused == (fuse ? 2 : 0));
+    CHECK(net[1]->as<dt::MaxPool2dImpl>()->applies_relu() == fuse);
+    CHECK(net[5]->as<dt::ReLUImpl>()->absorbed() == fuse);
+    const auto masks_before = dt::live_saved_bytes().masks;
+    auto loss = torch::nn::functional::cross_entropy(net->forward(x), target);
+    (fuse ? saved_fused : saved_apart) = dt::live_saved_bytes().masks - masks_before;
+    loss.backward();
+    const auto got = net->named_parameters(), want = plain->named_parameters();
+    for (const auto& p : want) {
+      CAPTURE(p.key());
+      CHECK(rel_diff(got[p.key()].grad(), p.value().grad()) <= 1e-6);
+    }
+    CHECK(dt::live_saved_bytes().masks == masks_before);
+  }
+  CHECK(saved_fused < saved_apart);
+  MESSAGE("pool/ReLU saved bytes: fused " << saved_fused << ", apart " << saved_apart);
+
+  // An excluded ReLU or pool is not fused (dropit layers: standard ones there are not replaced).
+  nn::Sequential own(dt::MaxPool2d(nn::MaxPool2dOptions(2)), dt::ReLU(),
+                     dt::MaxPool2d(nn::MaxPool2dOptions(2)), dt::ReLU(),
+                     dt::MaxPool2d(nn::MaxPool2dOptions(2)), dt::ReLU());
+  dt::convert_options options;
+  options.exclude = [](const std::string& path, const nn::Module&) {
+    return path == "3" || path == "4";
+  };
+  CHECK(dt::to_dropit(*own, make_policy(dt::policy_kind::mink), options).fused == 1);
+  CHECK(own[0]->as<dt::MaxPool2dImpl>()->applies_relu());
+  CHECK(own[1]->as<dt::ReLUImpl>()->absorbed());
+  CHECK_FALSE(own[2]->as<dt::MaxPool2dImpl>()->applies_relu());
+  CHECK_FALSE(own[3]->as<dt::ReLUImpl>()->absorbed());
+  CHECK_FALSE(own[4]->as<dt::MaxPool2dImpl>()->applies_relu());
 }
 
 TEST_CASE("torch: to_dropit honours exclusions and the masks option") {

@@ -335,6 +335,81 @@ TEST_CASE("torch: max-pool codes run on across planes; pieces split mid-word pla
   fork_meter::set(overhead);
 }
 
+TEST_CASE("torch: max_pool2d_relu equals LibTorch's relu(max_pool2d), ties, zeros and NaN too") {
+  // Every window kind, several chunks of planes (forking forced, so chunks run on both threads),
+  // outputs of every sign: each output and gradient as LibTorch's two ops give them.
+  using dropit::detail::fork_meter;
+  const auto overhead = fork_meter::overhead_ns();
+  fork_meter::set(0);
+  struct pool_case {
+    std::int64_t k, s, p, d;
+    bool ceil;
+  };
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+    for (const pool_case& c :
+         {pool_case{2, 2, 0, 1, false}, pool_case{2, 2, 0, 1, true}, pool_case{3, 2, 1, 1, false},
+          pool_case{3, 1, 1, 1, true}, pool_case{2, 1, 1, 2, false}, pool_case{4, 4, 2, 1, true}}) {
+      for (auto sizes :
+           {std::vector<std::int64_t>{4, 150, 14, 14}, std::vector<std::int64_t>{37, 13, 11}}) {
+        CAPTURE(dtype);
+        CAPTURE(c.k);
+        CAPTURE(c.s);
+        CAPTURE(c.p);
+        CAPTURE(c.d);
+        CAPTURE(c.ceil);
+        CAPTURE(sizes);
+        torch::manual_seed(9);
+        auto x = torch::randint(-3, 3, sizes, torch::kFloat);  // ties; zero outputs
+        auto flat = x.view({-1});
+        for (std::int64_t i = 7; i < flat.numel(); i += 997)
+          flat[i] = std::numeric_limits<float>::quiet_NaN();
+        flat[3] = -std::numeric_limits<float>::infinity();
+        x = x.to(dtype);
+        dt::max_pool2d_params params;
+        params.kernel = {c.k, c.k};
+        params.stride = {c.s, c.s};
+        params.padding = {c.p, c.p};
+        params.dilation = {c.d, c.d};
+        params.ceil_mode = c.ceil;
+        auto [y, gx] = forward_backward(
+            [&](const torch::Tensor& t) { return dt::max_pool2d_relu(t, params); }, x);
+        auto [ry, rgx] = forward_backward(
+            [&](const torch::Tensor& t) {
+              return torch::relu(torch::max_pool2d(t, c.k, c.s, c.p, c.d, c.ceil));
+            },
+            x);
+        CHECK(same(y, ry));
+        CHECK(same(gx, rgx));
+      }
+    }
+  }
+  fork_meter::set(overhead);
+}
+
+TEST_CASE("torch: max_pool2d_relu saves the mask and codes of the passing outputs only") {
+  dt::counting_allocator counter;
+  dt::cpu_allocator_guard install(counter);
+  torch::manual_seed(10);
+  for (double shift : {0.0, 1.0, -1.0}) {  // about 94%, all but a few, and half pass
+    CAPTURE(shift);
+    auto x = (torch::randn({8, 64, 14, 14}) + shift).requires_grad_(true);
+    const auto pooled = torch::max_pool2d(x.detach(), 2);
+    const auto n = static_cast<std::size_t>(pooled.numel());
+    const auto passing = static_cast<std::size_t>((~(pooled <= 0)).sum().item<std::int64_t>());
+    const std::size_t mask = (n + 31) / 32 * 4, codes = (2 * passing + 31) / 32 * 4;
+    const auto fused =
+        graph_bytes(counter, x, [](const torch::Tensor& h) { return dt::max_pool2d_relu(h, {}); });
+    const auto apart = graph_bytes(
+        counter, x, [](const torch::Tensor& h) { return dt::relu(dt::max_pool2d(h, {})); });
+    // The chunks' offsets and word padding: at most 12 bytes per chunk of >= 8192 outputs.
+    CHECK(fused >= mask + codes);
+    CHECK(fused <= mask + codes + 12 * (n / 8192 + 2));
+    CHECK(apart == mask + 2 * n / 8);  // mask + 2 bits per output
+    MESSAGE("pool+relu saved bytes, passing " << passing << " of " << n << ": fused " << fused
+                                              << ", apart " << apart);
+  }
+}
+
 TEST_CASE("torch: mask max-pool saves 2 bits per 2x2 window instead of input + int64 indices") {
   dt::counting_allocator counter;
   dt::cpu_allocator_guard install(counter);

@@ -2,7 +2,8 @@
 // and reports MEASURED memory (a counting CPU allocator) and accuracy.
 //
 //   fashion_mnist --model cnn|vit --policy none|mink|random --gamma G --epochs E --batch-size B
-//                 --limit N --seed S --csv FILE [--masks on|off] [--mlp gelu|relu] [--threads T]
+//                 --limit N --seed S --csv FILE [--masks on|off] [--fuse-pool-relu on|off]
+//                 [--mlp gelu|relu] [--threads T]
 //                 [--codec exact|int8|fp8] [--store CLASSES|all] [--store-codec int8|fp8|exact]
 //                 [--data DIR] [--lr LR] [--exclude PATH]... [--layer-gamma PATH=G]...
 //
@@ -42,6 +43,7 @@ struct options {
   std::uint64_t seed = 0;
   std::string csv;
   bool masks = true;
+  bool fuse_pool_relu = true;  ///< MaxPool2d + ReLU as one op (convert_options::fuse_pool_relu)
   bool relu_mlp = true;
   int threads = 2;
   double lr = 0.0;           // 0: the model's default
@@ -58,7 +60,8 @@ struct options {
   std::fprintf(stderr,
                "fashion_mnist: %s\nusage: fashion_mnist [--model cnn|vit] [--policy "
                "none|mink|random] [--gamma G] [--epochs E] [--batch-size B] [--limit N] [--seed S] "
-               "[--csv FILE] [--masks on|off] [--mlp gelu|relu] [--threads T] [--lr LR] [--data "
+               "[--csv FILE] [--masks on|off] [--fuse-pool-relu on|off] [--mlp gelu|relu] "
+               "[--threads T] [--lr LR] [--data "
                "DIR] [--exclude PATH]... [--layer-gamma PATH=G]... [--codec exact|int8|fp8] "
                "[--store layernorm,gelu,softmax,matmul,dropout|all] "
                "[--store-codec int8|fp8|exact]\n",
@@ -95,6 +98,10 @@ options parse(int argc, char** argv) {
         const std::string v = value();
         if (v != "on" && v != "off") usage("--masks takes on or off");
         o.masks = v == "on";
+      } else if (a == "--fuse-pool-relu") {
+        const std::string v = value();
+        if (v != "on" && v != "off") usage("--fuse-pool-relu takes on or off");
+        o.fuse_pool_relu = v == "on";
       } else if (a == "--mlp") {
         const std::string v = value();
         if (v != "gelu" && v != "relu") usage("--mlp takes gelu or relu");
@@ -246,6 +253,7 @@ int main(int argc, char** argv) {
     auto cnn = fmnist::make_cnn();
     dt::convert_options co;
     co.masks = opt.masks;
+    co.fuse_pool_relu = opt.fuse_pool_relu;
     co.exclude = excluded;
     co.store = store;
     co.layer_gamma = opt.layer_gamma;
@@ -299,6 +307,7 @@ int main(int argc, char** argv) {
       "layers (%zu replaced)\n",
       opt.masks && policy.active() ? "on" : "off", static_cast<long long>(n),
       static_cast<long long>(opt.batch), opt.epochs, opt.threads, report.switched, report.replaced);
+  if (report.fused > 0) std::printf("  MaxPool2d + ReLU fused: %zu pairs\n", report.fused);
   if (!opt.exclude.empty())
     std::printf("  excluded (dense saved input): %s\n", joined(opt.exclude).c_str());
   if (store.any()) {

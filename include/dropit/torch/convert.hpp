@@ -33,6 +33,11 @@ struct convert_options {
   bool replace = true;
   /// Replace `ReLU` and `MaxPool2d` by their mask-saving versions too.
   bool masks = true;
+  /// With `masks`: where a Sequential runs a MaxPool2d and then a ReLU (neither excluded), the
+  /// pooling applies the ReLU and saves window codes only for the outputs the ReLU passes
+  /// (`MaxPool2dImpl::apply_relu`; the ReLU is absorbed: `ReLUImpl::absorb`). The same outputs
+  /// and gradients, fewer saved bytes.
+  bool fuse_pool_relu = true;
   /// The dense saved tensors to keep through a codec (store.hpp): every dropit store module
   /// (`LayerNorm`, `GELU`, `Softmax`, `Dropout`, `SoftmaxAttention`) gets these options, and
   /// with `replace` the standard `LayerNorm`, `GELU`, `Softmax` and `Dropout` children of
@@ -56,6 +61,7 @@ struct convert_report {
   std::size_t replaced = 0;  ///< standard layers replaced by dropit layers
   std::size_t excluded = 0;  ///< dropit layers left alone (opted out, or by `exclude`)
   std::size_t stored = 0;    ///< store modules given `convert_options::store` (replaced included)
+  std::size_t fused = 0;     ///< MaxPool2d + ReLU pairs fused (`convert_options::fuse_pool_relu`)
 };
 
 /**

@@ -119,6 +119,18 @@ struct max_pool2d_params {
  */
 [[nodiscard]] at::Tensor max_pool2d(const at::Tensor& x, const max_pool2d_params& params);
 
+/**
+ * @brief `relu(max_pool2d(x))` as one op that saves the ReLU's 1-bit mask of the outputs and the
+ * window codes of only the outputs the ReLU passes (an output it zeroes sends no gradient to its
+ * window): 1 + p x bits bits per output, p the share of outputs that pass, instead of the
+ * 1 + bits of `max_pool2d` followed by `relu`; else (no gradient wanted) LibTorch's ops.
+ *
+ * Output and gradient equal LibTorch's `relu(max_pool2d(x))`, ties and NaNs included.
+ * @param x input [N, C, H, W] or [C, H, W]
+ * @throw dropit::error for bad window parameters, an unsupported device or dtype.
+ */
+[[nodiscard]] at::Tensor max_pool2d_relu(const at::Tensor& x, const max_pool2d_params& params);
+
 }  // namespace dropit::torch
 
 #include <dropit/detail/torch/functional.inl>

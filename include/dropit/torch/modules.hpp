@@ -167,13 +167,21 @@ class ReLUImpl : public ::torch::nn::ReLUImpl, public layer {
   /// @brief Takes over a standard layer's options and training mode.
   explicit ReLUImpl(const ::torch::nn::ReLUImpl& other, const policy& p = {});
 
-  /// @brief `max(x, 0)`.
+  /// @brief `max(x, 0)`, or x itself when absorbed.
   at::Tensor forward(const at::Tensor& input);
+  /// @brief Makes `forward` return its input unchanged (or normal again): for a ReLU whose work
+  /// the MaxPool2d just before it does (`MaxPool2dImpl::apply_relu`); `to_dropit` sets both.
+  void absorb(bool on = true) noexcept { absorbed_ = on; }
+  /// @brief Whether `forward` returns its input unchanged.
+  [[nodiscard]] bool absorbed() const noexcept { return absorbed_; }
   /// @copydoc LinearImpl::clone
   [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
       const c10::optional<c10::Device>& device = c10::nullopt) const override;
   /// @brief "dropit::torch::ReLU(policy=..)".
   void pretty_print(std::ostream& stream) const override;
+
+ private:
+  bool absorbed_ = false;
 };
 
 /**
@@ -187,13 +195,25 @@ class MaxPool2dImpl : public ::torch::nn::MaxPool2dImpl, public layer {
   /// @brief Takes over a standard layer's options and training mode.
   explicit MaxPool2dImpl(const ::torch::nn::MaxPool2dImpl& other, const policy& p = {});
 
-  /// @brief The pooling.
+  /// @brief The pooling, followed by ReLU with `apply_relu`.
   at::Tensor forward(const at::Tensor& input);
+  /**
+   * @brief Makes `forward` compute `relu(max_pool2d(x))` (or the pooling alone again). Trained
+   * with an active policy, it then saves the ReLU's 1-bit mask and the window codes of only the
+   * outputs the ReLU passes (`max_pool2d_relu`). `to_dropit` sets it on a MaxPool2d followed by a
+   * ReLU in a Sequential, and `ReLUImpl::absorb` on that ReLU.
+   */
+  void apply_relu(bool on = true) noexcept { relu_ = on; }
+  /// @brief Whether `forward` applies ReLU after the pooling.
+  [[nodiscard]] bool applies_relu() const noexcept { return relu_; }
   /// @copydoc LinearImpl::clone
   [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
       const c10::optional<c10::Device>& device = c10::nullopt) const override;
   /// @brief "dropit::torch::MaxPool2d(.., policy=..)".
   void pretty_print(std::ostream& stream) const override;
+
+ private:
+  bool relu_ = false;
 };
 
 /// @brief Module holder of `LinearImpl` (as `TORCH_MODULE(Linear)`).

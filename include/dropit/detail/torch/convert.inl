@@ -90,6 +90,25 @@ inline std::string child_path(const std::string& prefix, const std::string& name
   return prefix.empty() ? name : prefix + "." + name;
 }
 
+/// Lets each MaxPool2d of seq that a ReLU follows apply that ReLU (neither excluded).
+template <class Excluded>
+void fuse_pool_relu(::torch::nn::SequentialImpl& seq, const std::string& path,
+                    const Excluded& excluded, convert_report& r) {
+  const auto names = seq.named_children();
+  for (std::size_t i = 0; i + 1 < seq.size(); ++i) {
+    auto* pool = dynamic_cast<MaxPool2dImpl*>(seq.ptr(i).get());
+    auto* relu = dynamic_cast<ReLUImpl*>(seq.ptr(i + 1).get());
+    if (pool == nullptr || relu == nullptr || pool->applies_relu() || relu->absorbed() ||
+        pool->excluded() || relu->excluded() || excluded(child_path(path, names[i].key()), *pool) ||
+        excluded(child_path(path, names[i + 1].key()), *relu)) {
+      continue;
+    }
+    pool->apply_relu();
+    relu->absorb();
+    ++r.fused;
+  }
+}
+
 inline void convert(::torch::nn::Module& m, const std::string& path, const policy& p,
                     const convert_options& o, convert_report& r) {
   auto excluded = [&](const std::string& at, const ::torch::nn::Module& module) {
@@ -109,6 +128,7 @@ inline void convert(::torch::nn::Module& m, const std::string& path, const polic
         seq->replace_module(name, rep.module);
         ++r.replaced;
       }
+      if (p.active() && o.masks && o.fuse_pool_relu) fuse_pool_relu(*seq, path, excluded, r);
     } else if (auto* list = dynamic_cast<::torch::nn::ModuleListImpl*>(&m)) {
       const auto names = list->named_children();
       std::size_t i = 0;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <dropit/detail/torch/kernels.hpp>
+#include <dropit/detail/torch/kernels_pool_relu.hpp>
 #include <dropit/detail/torch/saved.hpp>
 
 #include <ATen/Dispatch.h>
@@ -479,6 +480,65 @@ struct max_pool2d_fn : ::torch::autograd::Function<max_pool2d_fn> {
   }
 };
 
+/// Max pooling then ReLU in one op: saves the ReLU's mask and the window codes of the outputs
+/// that pass it (kernels_pool_relu.hpp).
+struct max_pool2d_relu_fn : ::torch::autograd::Function<max_pool2d_relu_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const max_pool2d_params& p) {
+    const pool_geometry g = pool_geometry_of(x, p);
+    const at::Tensor xc = x.contiguous();
+    std::vector<std::int64_t> out_sizes = x.sizes().vec();
+    out_sizes[out_sizes.size() - 2] = g.oh;
+    out_sizes.back() = g.ow;
+    at::Tensor y = at::empty(out_sizes, xc.options());
+    const std::int64_t n = y.numel();
+    // Every output's code, only until the passing ones are kept.
+    at::Tensor dense = at::empty({g.code_words()}, xc.options().dtype(at::kInt));
+    at::Tensor mask = make_mask((n + 31) / 32);
+    auto* const dense_words = reinterpret_cast<std::uint32_t*>(dense.data_ptr());
+    auto* const mask_words = reinterpret_cast<std::uint32_t*>(mask.data_ptr());
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kBFloat16, at::kHalf, xc.scalar_type(), "dropit_max_pool2d_relu", [&] {
+          max_pool_mask_forward(xc.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), dense_words, g);
+          relu_mask_forward(y.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), mask_words, n);
+        });
+    const pool_relu_chunks chunks = pool_relu_chunking(g);
+    const std::vector<std::uint64_t> offsets = passing_code_offsets(mask_words, g, chunks);
+    at::Tensor codes = make_mask(chunks.header_words() + static_cast<std::int64_t>(offsets.back()));
+    compact_pool_relu_codes(dense_words, mask_words, offsets, g, chunks,
+                            reinterpret_cast<std::uint32_t*>(codes.data_ptr()));
+    ctx->save_for_backward({mask, codes});
+    ctx->saved_data["x_sizes"] = x.sizes();
+    ctx->saved_data["geometry"] = std::vector<std::int64_t>{
+        g.planes, g.h, g.w, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.bits};
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const std::vector<std::int64_t> v = ctx->saved_data["geometry"].toIntVector();
+    const pool_geometry g{v[0], v[1], v[2], v[3],  v[4],  v[5],  v[6],
+                          v[7], v[8], v[9], v[10], v[11], v[12], static_cast<int>(v[13])};
+    const at::Tensor gy = grads[0].contiguous();
+    at::Tensor gx = at::empty(ctx->saved_data["x_sizes"].toIntVector(), gy.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kBFloat16, at::kHalf, gy.scalar_type(), "dropit_max_pool2d_relu_bw", [&] {
+          max_pool_relu_backward(gy.data_ptr<scalar_t>(),
+                                 reinterpret_cast<const std::uint32_t*>(saved[0].data_ptr()),
+                                 reinterpret_cast<const std::uint32_t*>(saved[1].data_ptr()),
+                                 gx.data_ptr<scalar_t>(), g, pool_relu_chunking(g));
+        });
+    return {gx, at::Tensor()};
+  }
+};
+
+/// LibTorch's max pooling with these parameters (stride 0: the kernel).
+[[nodiscard]] inline at::Tensor plain_max_pool2d(const at::Tensor& x, const max_pool2d_params& p) {
+  const auto& k = p.kernel;
+  const std::array<std::int64_t, 2> s{p.stride[0] == 0 ? k[0] : p.stride[0],
+                                      p.stride[1] == 0 ? k[1] : p.stride[1]};
+  return at::max_pool2d(x, k, s, p.padding, p.dilation, p.ceil_mode);
+}
+
 /// Throws unless x is a CPU strided tensor (the mask kernels' precondition).
 inline void check_mask_op(const at::Tensor& x, const char* who) {
   check_packable(x, who);
@@ -546,13 +606,19 @@ inline at::Tensor relu_(at::Tensor& x) {
 
 inline at::Tensor max_pool2d(const at::Tensor& x, const max_pool2d_params& params) {
   if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad()) {
-    const auto& k = params.kernel;
-    const std::array<std::int64_t, 2> s{params.stride[0] == 0 ? k[0] : params.stride[0],
-                                        params.stride[1] == 0 ? k[1] : params.stride[1]};
-    return at::max_pool2d(x, k, s, params.padding, params.dilation, params.ceil_mode);
+    return detail::plain_max_pool2d(x, params);
   }
   detail::check_mask_op(x, "max_pool2d");
   return detail::max_pool2d_fn::apply(x, params);
+}
+
+inline at::Tensor max_pool2d_relu(const at::Tensor& x, const max_pool2d_params& params) {
+  if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad()) {
+    at::Tensor y = detail::plain_max_pool2d(x, params);
+    return at::relu_(y);
+  }
+  detail::check_mask_op(x, "max_pool2d_relu");
+  return detail::max_pool2d_relu_fn::apply(x, params);
 }
 
 }  // namespace dropit::torch

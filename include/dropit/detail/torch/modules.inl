@@ -249,6 +249,7 @@ inline ReLUImpl::ReLUImpl(const ::torch::nn::ReLUImpl& other, const policy& p)
 }
 
 inline at::Tensor ReLUImpl::forward(const at::Tensor& input) {
+  if (absorbed_) return input;
   if (!step_policy(is_training()).active()) return ::torch::nn::ReLUImpl::forward(input);
   if (options.inplace()) {
     at::Tensor x = input;
@@ -261,12 +262,14 @@ inline std::shared_ptr<::torch::nn::Module> ReLUImpl::clone(
     const c10::optional<c10::Device>&) const {
   auto copy = std::make_shared<ReLUImpl>(options, get_policy());
   copy->exclude(excluded());
+  copy->absorb(absorbed_);
   copy->train(is_training());
   return copy;
 }
 
 inline void ReLUImpl::pretty_print(std::ostream& stream) const {
   stream << "dropit::torch::ReLU(" << (options.inplace() ? "inplace=true, " : "");
+  if (absorbed_) stream << "absorbed by the MaxPool2d before, ";
   print_policy(stream);
   stream << ")";
 }
@@ -283,20 +286,24 @@ inline MaxPool2dImpl::MaxPool2dImpl(const ::torch::nn::MaxPool2dImpl& other, con
 }
 
 inline at::Tensor MaxPool2dImpl::forward(const at::Tensor& input) {
-  if (!step_policy(is_training()).active()) return ::torch::nn::MaxPool2dImpl::forward(input);
+  if (!step_policy(is_training()).active()) {
+    at::Tensor y = ::torch::nn::MaxPool2dImpl::forward(input);
+    return relu_ ? at::relu_(y) : y;
+  }
   max_pool2d_params m;
   m.kernel = {(*options.kernel_size())[0], (*options.kernel_size())[1]};
   m.stride = {(*options.stride())[0], (*options.stride())[1]};
   m.padding = {(*options.padding())[0], (*options.padding())[1]};
   m.dilation = {(*options.dilation())[0], (*options.dilation())[1]};
   m.ceil_mode = options.ceil_mode();
-  return dropit::torch::max_pool2d(input, m);
+  return relu_ ? dropit::torch::max_pool2d_relu(input, m) : dropit::torch::max_pool2d(input, m);
 }
 
 inline std::shared_ptr<::torch::nn::Module> MaxPool2dImpl::clone(
     const c10::optional<c10::Device>&) const {
   auto copy = std::make_shared<MaxPool2dImpl>(options, get_policy());
   copy->exclude(excluded());
+  copy->apply_relu(relu_);
   copy->train(is_training());
   return copy;
 }
@@ -305,6 +312,7 @@ inline void MaxPool2dImpl::pretty_print(std::ostream& stream) const {
   std::ostringstream base;
   ::torch::nn::MaxPool2dImpl::pretty_print(base);
   stream << "dropit::torch::" << detail::base_text(base.str()) << ", ";
+  if (relu_) stream << "relu=true, ";
   print_policy(stream);
   stream << ")";
 }
