@@ -180,6 +180,10 @@ struct pool_geometry {
   [[nodiscard]] std::int64_t code_words() const noexcept {
     return (planes * plane_bits() + 31) / 32;
   }
+  /// Whether no two windows share a cell (the stride covers the dilated window).
+  [[nodiscard]] bool disjoint() const noexcept {
+    return sh >= (kh - 1) * dh + 1 && sw >= (kw - 1) * dw + 1;
+  }
   /// The 2x2, stride 2, unpadded, undilated window, every window inside the input (the fast
   /// path; ceil mode on an odd size makes a last window that sticks out).
   [[nodiscard]] bool is_2x2() const noexcept {
@@ -344,13 +348,23 @@ void unpool2x2_plane(const T* grad, bit_reader& codes, T* plane, const pool_geom
   std::fill(plane + 2 * g.oh * g.w, plane + g.h * g.w, T(0));
 }
 
+/// Sends output (oy, ox)'s gradient gr to the cell of its window that `code` names: a store where
+/// windows are disjoint (each cell is touched at most once), else an accumulation.
+template <class T>
+inline void window_grad(T* plane, const pool_geometry& g, std::int64_t oy, std::int64_t ox,
+                        std::uint32_t code, T gr, bool disjoint) noexcept {
+  using A = acc_t<T>;
+  const auto c = static_cast<std::int64_t>(code);
+  T& cell = plane[(oy * g.sh - g.ph + c / g.kw * g.dh) * g.w + ox * g.sw - g.pw + c % g.kw * g.dw];
+  cell = disjoint ? gr : static_cast<T>(static_cast<A>(cell) + static_cast<A>(gr));
+}
+
 /// gx (planes x h x w) receives each output's gradient at its maximum, zeros elsewhere.
 template <class T>
 void max_pool_mask_backward(const T* gy, const std::uint32_t* codes, T* gx,
                             const pool_geometry& g) {
-  using A = acc_t<T>;
   const std::int64_t plane_in = g.h * g.w, plane_out = g.oh * g.ow;
-  const bool disjoint = g.sh >= (g.kh - 1) * g.dh + 1 && g.sw >= (g.kw - 1) * g.dw + 1;
+  const bool disjoint = g.disjoint();
   const double plane_ns = mask_ns_per_element * static_cast<double>(plane_in);
   for_each_plane_piece(g, plane_ns, [&](std::int64_t p0, std::int64_t p1, std::int64_t word) {
     bit_reader pc(codes + word);
@@ -363,15 +377,8 @@ void max_pool_mask_backward(const T* gy, const std::uint32_t* codes, T* gx,
       }
       std::fill(plane, plane + plane_in, T(0));
       for (std::int64_t oy = 0; oy < g.oh; ++oy) {
-        for (std::int64_t ox = 0; ox < g.ow; ++ox) {
-          const auto code = static_cast<std::int64_t>(pc.get(g.bits));
-          const std::int64_t y = oy * g.sh - g.ph + code / g.kw * g.dh;
-          const std::int64_t x = ox * g.sw - g.pw + code % g.kw * g.dw;
-          const T gr = grad[oy * g.ow + ox];
-          T& cell = plane[y * g.w + x];
-          // Disjoint windows touch each cell at most once: a store. Overlapping ones accumulate.
-          cell = disjoint ? gr : static_cast<T>(static_cast<A>(cell) + static_cast<A>(gr));
-        }
+        for (std::int64_t ox = 0; ox < g.ow; ++ox)
+          window_grad(plane, g, oy, ox, pc.get(g.bits), grad[oy * g.ow + ox], disjoint);
       }
     }
   });

@@ -81,7 +81,6 @@ inline void compact_passing_codes(const std::uint32_t* dense, const std::uint32_
 template <class T>
 void unpool_relu_plane(const T* grad, const std::uint32_t* mask, std::int64_t first,
                        bit_reader& codes, T* plane, const pool_geometry& g) {
-  using A = acc_t<T>;
   auto passes = [&](std::int64_t o) { return (mask[o >> 5] >> (o & 31) & 1u) != 0; };
   if (g.is_2x2()) {
     for (std::int64_t oy = 0; oy < g.oh; ++oy) {
@@ -103,17 +102,12 @@ void unpool_relu_plane(const T* grad, const std::uint32_t* mask, std::int64_t fi
     std::fill(plane + 2 * g.oh * g.w, plane + g.h * g.w, T(0));
     return;
   }
-  const bool disjoint = g.sh >= (g.kh - 1) * g.dh + 1 && g.sw >= (g.kw - 1) * g.dw + 1;
+  const bool disjoint = g.disjoint();
   std::fill(plane, plane + g.h * g.w, T(0));
   for (std::int64_t oy = 0; oy < g.oh; ++oy) {
     for (std::int64_t ox = 0; ox < g.ow; ++ox) {
-      if (!passes(first + oy * g.ow + ox)) continue;
-      const auto code = static_cast<std::int64_t>(codes.get(g.bits));
-      const std::int64_t y = oy * g.sh - g.ph + code / g.kw * g.dh;
-      const std::int64_t x = ox * g.sw - g.pw + code % g.kw * g.dw;
-      const T gr = grad[oy * g.ow + ox];
-      T& cell = plane[y * g.w + x];
-      cell = disjoint ? gr : static_cast<T>(static_cast<A>(cell) + static_cast<A>(gr));
+      if (passes(first + oy * g.ow + ox))
+        window_grad(plane, g, oy, ox, codes.get(g.bits), grad[oy * g.ow + ox], disjoint);
     }
   }
 }
