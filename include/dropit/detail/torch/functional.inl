@@ -442,14 +442,34 @@ struct relu_inplace_fn : ::torch::autograd::Function<relu_inplace_fn> {
   return g;
 }
 
+/// The sizes of pooling x: its own with the last two replaced by the output's.
+[[nodiscard]] inline std::vector<std::int64_t> pooled_sizes(const at::Tensor& x,
+                                                            const pool_geometry& g) {
+  std::vector<std::int64_t> sizes = x.sizes().vec();
+  sizes[sizes.size() - 2] = g.oh;
+  sizes.back() = g.ow;
+  return sizes;
+}
+
+/// Keeps x's sizes and the pooling's geometry for backward (`saved_pool_geometry`).
+inline void save_pool_geometry(AutogradContext* ctx, const at::Tensor& x, const pool_geometry& g) {
+  ctx->saved_data["x_sizes"] = x.sizes();
+  ctx->saved_data["geometry"] = std::vector<std::int64_t>{
+      g.planes, g.h, g.w, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.bits};
+}
+
+/// The geometry `save_pool_geometry` kept.
+[[nodiscard]] inline pool_geometry saved_pool_geometry(AutogradContext* ctx) {
+  const std::vector<std::int64_t> v = ctx->saved_data["geometry"].toIntVector();
+  return {v[0], v[1], v[2], v[3],  v[4],  v[5],  v[6],
+          v[7], v[8], v[9], v[10], v[11], v[12], static_cast<int>(v[13])};
+}
+
 struct max_pool2d_fn : ::torch::autograd::Function<max_pool2d_fn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const max_pool2d_params& p) {
     const pool_geometry g = pool_geometry_of(x, p);
     const at::Tensor xc = x.contiguous();
-    std::vector<std::int64_t> out_sizes = x.sizes().vec();
-    out_sizes[out_sizes.size() - 2] = g.oh;
-    out_sizes.back() = g.ow;
-    at::Tensor y = at::empty(out_sizes, xc.options());
+    at::Tensor y = at::empty(pooled_sizes(x, g), xc.options());
     at::Tensor codes = make_mask(g.code_words());
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kBFloat16, at::kHalf, xc.scalar_type(), "dropit_max_pool2d", [&] {
@@ -457,17 +477,13 @@ struct max_pool2d_fn : ::torch::autograd::Function<max_pool2d_fn> {
                                 reinterpret_cast<std::uint32_t*>(codes.data_ptr()), g);
         });
     ctx->save_for_backward({codes});
-    ctx->saved_data["x_sizes"] = x.sizes();
-    ctx->saved_data["geometry"] = std::vector<std::int64_t>{
-        g.planes, g.h, g.w, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.bits};
+    save_pool_geometry(ctx, x, g);
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor codes = ctx->get_saved_variables()[0];
-    const std::vector<std::int64_t> v = ctx->saved_data["geometry"].toIntVector();
-    const pool_geometry g{v[0], v[1], v[2], v[3],  v[4],  v[5],  v[6],
-                          v[7], v[8], v[9], v[10], v[11], v[12], static_cast<int>(v[13])};
+    const pool_geometry g = saved_pool_geometry(ctx);
     const at::Tensor gy = grads[0].contiguous();
     at::Tensor gx = at::empty(ctx->saved_data["x_sizes"].toIntVector(), gy.options());
     AT_DISPATCH_FLOATING_TYPES_AND2(
@@ -486,10 +502,7 @@ struct max_pool2d_relu_fn : ::torch::autograd::Function<max_pool2d_relu_fn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const max_pool2d_params& p) {
     const pool_geometry g = pool_geometry_of(x, p);
     const at::Tensor xc = x.contiguous();
-    std::vector<std::int64_t> out_sizes = x.sizes().vec();
-    out_sizes[out_sizes.size() - 2] = g.oh;
-    out_sizes.back() = g.ow;
-    at::Tensor y = at::empty(out_sizes, xc.options());
+    at::Tensor y = at::empty(pooled_sizes(x, g), xc.options());
     const std::int64_t n = y.numel();
     // Every output's code, only until the passing ones are kept.
     at::Tensor dense = at::empty({g.code_words()}, xc.options().dtype(at::kInt));
@@ -507,17 +520,13 @@ struct max_pool2d_relu_fn : ::torch::autograd::Function<max_pool2d_relu_fn> {
     compact_pool_relu_codes(dense_words, mask_words, offsets, g, chunks,
                             reinterpret_cast<std::uint32_t*>(codes.data_ptr()));
     ctx->save_for_backward({mask, codes});
-    ctx->saved_data["x_sizes"] = x.sizes();
-    ctx->saved_data["geometry"] = std::vector<std::int64_t>{
-        g.planes, g.h, g.w, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.bits};
+    save_pool_geometry(ctx, x, g);
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    const std::vector<std::int64_t> v = ctx->saved_data["geometry"].toIntVector();
-    const pool_geometry g{v[0], v[1], v[2], v[3],  v[4],  v[5],  v[6],
-                          v[7], v[8], v[9], v[10], v[11], v[12], static_cast<int>(v[13])};
+    const pool_geometry g = saved_pool_geometry(ctx);
     const at::Tensor gy = grads[0].contiguous();
     at::Tensor gx = at::empty(ctx->saved_data["x_sizes"].toIntVector(), gy.options());
     AT_DISPATCH_FLOATING_TYPES_AND2(
