@@ -5,7 +5,8 @@
 #   -DEXE=... -DBUDGET=model                --budget at the model's least recompute-only memory
 #                                           (from --model): within it, and faster with storage
 #                                           than --recompute-only; --frontier starts there;
-#                                           --budget --frontier marks the plan's point
+#                                           --budget --frontier marks the plan's point;
+#                                           --int8 is faster still
 #   -DEXE=... -DTABLE=1                     the model table: every model's row, checked against
 #                                           the input sizes and cut-offs the seed published and
 #                                           against the JSON plan of the same model
@@ -83,6 +84,22 @@ elseif(DEFINED BUDGET)
     message(FATAL_ERROR "budget ${mib} MiB (${budget_bytes} B): with storage cost ${with_cost}, "
                         "time ${with_time}, ${packed} compressed; recompute-only time "
                         "${without_time}, ${none} compressed")
+  endif()
+  # --int8: the model's other inner tensors offer int8 storage too: within the budget, and
+  # faster than MinK storage alone (ResNet-50 recomputes almost nothing then).
+  run_plan(with8 --model ${BUDGET} --int8 --budget ${mib})
+  string(JSON int8_cost GET "${with8}" cost)
+  string(JSON int8_time GET "${with8}" extra_time)
+  string(JSON int8_packed LENGTH "${with8}" compressed)
+  if(int8_cost GREATER budget_bytes OR NOT int8_time LESS with_time OR
+     NOT int8_packed GREATER packed)
+    message(FATAL_ERROR "--int8 --budget ${mib}: cost ${int8_cost}, time ${int8_time}, "
+                        "${int8_packed} compressed; with MinK only: time ${with_time}, ${packed}")
+  endif()
+  execute_process(COMMAND ${EXE} --graph nothing.json --int8 OUTPUT_QUIET ERROR_QUIET
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 2)
+    message(FATAL_ERROR "--int8 with --graph: exit ${rc}, expected the usage (2)")
   endif()
   run_plan(front --model ${BUDGET} --frontier)
   if(NOT front MATCHES "^# [0-9]+ points, exact")

@@ -9,6 +9,7 @@
 //   ... with --budget MiB --frontier                      the frontier, the budget's plan marked
 //   checkpoint_plan --budget-table          recompute-only vs with storage at the least budget
 //   --recompute-only                        ignore storage options (--budget, --frontier)
+//   --int8                                  a model's other inner tensors also offer int8 storage
 #include <dropit/checkpoint.hpp>
 
 #include <algorithm>
@@ -116,34 +117,42 @@ void print_budget_table() {
   recompute_only.use_storage = false;
   std::printf(
       "Least budget of recompute-only plans (= solve), extra time there, with and without "
-      "storage options (MinK 0.9 on conv/linear inputs)\n");
-  std::printf("%-13s %-18s %10s %10s %10s %10s %12s %8s\n", "model", "input", "budget MiB",
-              "recompute", "+storage", "packed", "least MiB", "ms");
+      "storage options (MinK 0.9 on conv/linear inputs; + int8 on every other inner tensor)\n");
+  std::printf("%-13s %-18s %10s %10s %10s %7s %10s %10s %7s %10s %8s\n", "model", "input",
+              "budget MiB", "recompute", "+MinK", "packed", "least MiB", "+int8", "packed",
+              "least MiB", "ms");
   for (const seed_row& r : seed_table) {
     const ck::graph g = ck::models::make(r.model, r.input);
+    ck::graph g8 = g;
+    ck::models::offer_int8(g8);
     const double work = 3.0 * forward_flops(g);
     const auto start = std::chrono::steady_clock::now();
     const ck::cost_t budget = ck::solve(g).cost;
     const ck::plan without = ck::solve_budget(g, budget, recompute_only);
     const ck::plan with = ck::solve_budget(g, budget);
     const ck::cost_t least = ck::least_memory(g);
+    const ck::plan with8 = ck::solve_budget(g8, budget);
+    const ck::cost_t least8 = ck::least_memory(g8);
     const double ms =
         1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     char input[32];
     std::snprintf(input, sizeof input, "(%lld,%lld,%lld,%lld)",
                   static_cast<long long>(r.input.batch), static_cast<long long>(r.input.channels),
                   static_cast<long long>(r.input.height), static_cast<long long>(r.input.width));
-    std::printf("%-13s %-18s %10.1f %9.2f%% %9.2f%% %10zu %12.1f %8.0f\n",
+    std::printf("%-13s %-18s %10.1f %9.2f%% %9.2f%% %7zu %10.1f %9.2f%% %7zu %10.1f %8.0f\n",
                 std::string(r.model).c_str(), input, static_cast<double>(budget) / mib,
                 100.0 * without.extra_time / work, 100.0 * with.extra_time / work,
-                with.compressed.size(), static_cast<double>(least) / mib, ms);
+                with.compressed.size(), static_cast<double>(least) / mib,
+                100.0 * with8.extra_time / work, with8.compressed.size(),
+                static_cast<double>(least8) / mib, ms);
     std::fflush(stdout);
   }
   std::printf(
-      "recompute / +storage: extra time (FLOPs recomputed, plus 2 per element packed and\n"
-      "restored) over the FLOPs of forward + backward, at the budget; packed: tensors stored\n"
-      "MinK 0.9 in that plan; least MiB: the least memory of any plan with storage;\n"
-      "ms: the whole row (solve, two solve_budget, least_memory).\n");
+      "recompute / +MinK / +int8: extra time (FLOPs recomputed, plus 2 per element packed and\n"
+      "restored) over the FLOPs of forward + backward, at the budget, recompute-only, with MinK\n"
+      "0.9 on conv/linear inputs, and with int8 on every other inner tensor as well; packed:\n"
+      "tensors stored compressed in that plan; least MiB: the least memory of any plan with those\n"
+      "options; ms: the whole row (solve, three solve_budget, two least_memory).\n");
 }
 
 /// The frontier as a table: memory (bytes and MiB), extra time (and its share of forward +
@@ -181,7 +190,7 @@ int usage(int code) {
       "       checkpoint_plan --model NAME [--batch N] [--size H]\n"
       "       checkpoint_plan --dump NAME [--batch N] [--size H]\n"
       "       checkpoint_plan --model NAME | --graph FILE.json  [--budget MiB] [--frontier]\n"
-      "                       [--recompute-only]\n"
+      "                       [--recompute-only] [--int8]\n"
       "       checkpoint_plan --budget-table\n"
       "graph JSON: {\"source\": ID, \"target\": ID, \"vertices\": [{\"id\": ID, \"cost\": "
       "BYTES}, ...],\n"
@@ -211,7 +220,7 @@ int main(int argc, char** argv) {
   std::string_view graph_file, model, mode;
   std::int64_t batch = 0, size = 0;
   double budget_mib = -1.0;
-  bool frontier = false, budget_table = false;
+  bool frontier = false, budget_table = false, int8 = false;
   ck::budget_options options;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string_view a = args[i];
@@ -233,6 +242,8 @@ int main(int argc, char** argv) {
       budget_table = true;
     } else if (a == "--recompute-only") {
       options.use_storage = false;
+    } else if (a == "--int8") {
+      int8 = true;
     } else {
       std::fprintf(stderr, "checkpoint_plan: bad argument '%s'\n", std::string(a).c_str());
       return usage(2);
@@ -241,6 +252,7 @@ int main(int argc, char** argv) {
   const bool v2 = budget_mib >= 0.0 || frontier;
   if (budget_table ? !mode.empty() || v2 : v2 && (mode.empty() || mode == "--dump"))
     return usage(2);
+  if (int8 && mode != "--model" && mode != "--dump") return usage(2);
   // A budget in MiB, rounded down to whole bytes (cost units for a JSON graph).
   const auto budget = static_cast<ck::cost_t>(budget_mib * 1024.0 * 1024.0);
   auto run_v2 = [&](const ck::graph& g) {
@@ -270,7 +282,8 @@ int main(int argc, char** argv) {
     ck::models::input_shape in = seed ? seed->input : ck::models::input_shape{};
     if (batch) in.batch = batch;
     if (size) in.height = in.width = size;
-    const ck::graph g = ck::models::make(model, in);
+    ck::graph g = ck::models::make(model, in);
+    if (int8) ck::models::offer_int8(g);
     if (v2) {
       run_v2(g);
       return 0;

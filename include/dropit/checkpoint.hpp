@@ -367,7 +367,8 @@ struct budget_options {
  * Times: an op's FLOP estimate (2 x MACs for conv and linear, 1 per element read for the others)
  * sits on its first input edge, so a vertex's default time is its op's FLOPs. Storage: every
  * vertex read by a conv or linear op and otherwise only by ops whose backward does not read it
- * (add, concat) offers `models::mink_option`: MinK 0.9 with bitmask positions.
+ * (add, concat) offers `models::mink_option`: MinK 0.9 with bitmask positions; `offer_int8` adds
+ * int8 storage on the other inner tensors.
  */
 namespace models {
 
@@ -403,6 +404,30 @@ inline constexpr double mink_time_per_element = 2.0;
  * bytes: bytes = ceil(elements x (0.1 x bytes_per_element + 0.129)), time = 2 x elements.
  */
 [[nodiscard]] storage_option mink_option(std::int64_t elements, std::int64_t bytes_per_element = 4);
+
+/// int8 storage per element beyond its one byte: a float scale per 1024 values (the value
+/// codec's chunk), as `Identity` + `codec::int8` stores a dense tensor.
+inline constexpr double int8_scale_bytes_per_element = 4.0 / 1024.0;
+/// int8 pack + restore time per element, in the models' FLOP unit (as `mink_time_per_element`).
+inline constexpr double int8_time_per_element = 2.0;
+
+/**
+ * @brief The int8 storage option of a tensor of `elements` elements: every value in 8 bits with a
+ * float scale per 1024 (dense; lossy, as ActNN/GACT store activations): bytes = elements +
+ * 4 x ceil(elements / 1024), time = 2 x elements.
+ */
+[[nodiscard]] storage_option int8_option(std::int64_t elements);
+
+/**
+ * @brief Offers `int8_option` on every inner vertex of g (not the source or the target) that has no
+ * storage option yet, e.g. after a built-in model offered MinK on its conv and linear inputs:
+ * tensors whose backward reads them exactly (batch norm and pooling inputs) may then be stored
+ * quantized instead of recomputed. Vertex costs are read as elements x `bytes_per_element`;
+ * where that is 1 the option is no smaller than the tensor and the planners ignore it.
+ * @return the number of vertices that got the option
+ * @throw dropit::error if `bytes_per_element` < 1
+ */
+std::size_t offer_int8(graph& g, std::int64_t bytes_per_element = 4);
 
 /** @brief The names `make` accepts: "alexnet", "vgg11", ..., "resnet50", ..., "inception_v3". */
 [[nodiscard]] std::span<const std::string_view> names() noexcept;

@@ -471,6 +471,28 @@ inline storage_option mink_option(std::int64_t elements, std::int64_t bytes_per_
           mink_time_per_element * static_cast<double>(elements)};
 }
 
+inline storage_option int8_option(std::int64_t elements) {
+  DROPIT_EXPECTS(elements >= 0, "checkpoint: models: int8_option: bad size (", elements,
+                 " elements)");
+  const std::int64_t chunks = elements / 1024 + (elements % 1024 != 0 ? 1 : 0);
+  const double scale_bytes = int8_scale_bytes_per_element * 1024.0;
+  return {"int8", elements + chunks * static_cast<cost_t>(scale_bytes),
+          int8_time_per_element * static_cast<double>(elements)};
+}
+
+inline std::size_t offer_int8(graph& g, std::int64_t bytes_per_element) {
+  DROPIT_EXPECTS(bytes_per_element >= 1, "checkpoint: models: offer_int8: bad element size ",
+                 bytes_per_element);
+  const vertex_index s = g.source(), t = g.target();
+  std::size_t offered = 0;
+  for (vertex_index v = 0; v < g.vertex_count(); ++v) {
+    if (v == s || v == t || !g.storage(v).empty()) continue;
+    g.add_storage(v, int8_option(g.cost(v) / bytes_per_element));
+    ++offered;
+  }
+  return offered;
+}
+
 inline std::span<const std::string_view> names() noexcept {
   return detail::models::model_names;
 }
