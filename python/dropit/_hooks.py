@@ -54,6 +54,22 @@ def _unpack(obj):
     return obj if isinstance(obj, torch.Tensor) else obj.restore()
 
 
+class _ReluMask:
+    """A ReLU output's mask. Restored as a bool tensor when autograd does not record the backward
+    (ReLU's backward, ``threshold_backward``, gives the same gradient with it: a quarter of the
+    bytes of a 0/1 float tensor), as a 0/1 tensor of the output's dtype when it does
+    (``create_graph=True``, where the restored tensor enters a graph that may be differentiated
+    again: there it keeps the dtype plain PyTorch's saved output has)."""
+
+    __slots__ = ("mask",)
+
+    def __init__(self, mask):
+        self.mask = mask
+
+    def restore(self):
+        return self.mask.restore() if torch.is_grad_enabled() else self.mask.restore_bool()
+
+
 class _ShapeOnly:
     """A saved tensor whose backward reads only its sizes and dtype: MaxPool2d's input, and the
     input a Conv2d's padding mode pads."""
@@ -232,7 +248,7 @@ class _Scope:
             return t
         if kind == "relu":
             if t.is_floating_point() and t.shape == x.shape:
-                return _C._pack_relu(t)
+                return _ReluMask(_C._pack_relu(t))
             return t
         # pool: the int64 indices, and the input (read for its shape)
         if t.dtype == torch.int64 and t.dim() >= 3:

@@ -101,6 +101,14 @@ class packed_mask {
   /// s for a dropout's noise) where the mask is set, 0 elsewhere.
   [[nodiscard]] at::Tensor restore() const;
 
+  /**
+   * @brief A new bool tensor with the packed sizes and strides: true where the mask is set. A
+   * quarter of `restore()`'s bytes for fp32; LibTorch's `threshold_backward` (a ReLU's backward)
+   * gives the same gradient with it as with the restored 0/1 tensor.
+   * @throw dropit::error for a dropout's noise (its value is not 1) or an empty mask.
+   */
+  [[nodiscard]] at::Tensor restore_bool() const;
+
   /// @brief Mask bytes held.
   [[nodiscard]] std::size_t bytes() const noexcept;
   /// @brief Elements of the masked tensor.

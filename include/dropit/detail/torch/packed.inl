@@ -180,6 +180,16 @@ inline at::Tensor packed_mask::restore() const {
   return detail::expand_bits(words_, sizes_, strides_, dtype_, value_);
 }
 
+inline at::Tensor packed_mask::restore_bool() const {
+  DROPIT_EXPECTS(words_.defined(), "torch::packed_mask: restore of an empty mask");
+  DROPIT_EXPECTS(value_ == 1, "torch::packed_mask: restore_bool of a dropout's noise (value ",
+                 value_, "); use restore()");
+  at::Tensor out = detail::empty_like_dense(sizes_, strides_, at::kBool);
+  detail::expand_mask_bytes(reinterpret_cast<const std::uint32_t*>(words_.data_ptr()),
+                            reinterpret_cast<std::uint8_t*>(out.data_ptr()), out.numel());
+  return out;
+}
+
 inline std::size_t packed_mask::bytes() const noexcept {
   return words_.defined() ? static_cast<std::size_t>(words_.numel()) * sizeof(std::int32_t) : 0;
 }

@@ -13,8 +13,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <bit>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace dropit::torch::detail {
@@ -52,6 +55,35 @@ void positive_mask(const T* y, std::uint32_t* words, std::int64_t n) {
 template <class T>
 void expand_mask(const std::uint32_t* words, T* out, std::int64_t n) {
   select_by_mask(static_cast<const T*>(nullptr), words, out, n);
+}
+
+/// out[i] = 1 where bit i is set, 0 elsewhere, one byte per element (a bool tensor's storage):
+/// each byte of the mask becomes 8 output bytes from a 256-entry table.
+inline void expand_mask_bytes(const std::uint32_t* words, std::uint8_t* out, std::int64_t n) {
+  static constexpr auto table = [] {
+    std::array<std::uint64_t, 256> t{};
+    for (std::uint32_t b = 0; b < 256; ++b)
+      for (unsigned j = 0; j < 8; ++j)
+        t[b] |= static_cast<std::uint64_t>(b >> j & 1u) << (8 * j);
+    return t;
+  }();
+  static_assert(std::endian::native == std::endian::little, "the table's bytes are little-endian");
+  auto spread8 = [](std::uint32_t b) noexcept { return table[b & 0xffu]; };
+  at::parallel_for(0, (n + 31) / 32, 2048, [&](std::int64_t w0, std::int64_t w1) {
+    for (std::int64_t w = w0; w < w1; ++w) {
+      const std::uint32_t m = words[w];
+      const std::int64_t base = w * 32;
+      if (base + 32 <= n) {
+        for (int byte = 0; byte < 4; ++byte) {
+          const std::uint64_t v = spread8(m >> (8 * byte));
+          std::memcpy(out + base + 8 * byte, &v, 8);
+        }
+      } else {
+        for (std::int64_t j = 0; base + j < n; ++j)
+          out[base + j] = static_cast<std::uint8_t>(m >> j & 1u);
+      }
+    }
+  });
 }
 
 /// Bits 0..15 of b spread to the even bits 0, 2, ..., 30.
