@@ -86,6 +86,14 @@ TEST_CASE("torch packed_tensor: bad tensors throw before anything is allocated")
   CHECK_THROWS_AS((void)dt::packed_tensor{}.restore(), dropit::error);
 }
 
+namespace {
+/// A channels-last ReLU output whose element count is no multiple of 32.
+at::Tensor cl_source() {
+  torch::manual_seed(4);
+  return torch::relu(torch::randn({2, 5, 6, 7})).contiguous(at::MemoryFormat::ChannelsLast);
+}
+}  // namespace
+
 TEST_CASE("torch packed_mask: 1 where ReLU's backward passes the gradient, NaN included") {
   for_each_isa([] {
     for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
@@ -104,8 +112,20 @@ TEST_CASE("torch packed_mask: 1 where ReLU's backward passes the gradient, NaN i
       // LibTorch's ReLU backward gives the same gradient from the mask as from the output.
       const auto g = torch::randn(y.sizes()).to(dtype);
       CHECK(torch::equal(at::threshold_backward(g, r, 0), at::threshold_backward(g, y, 0)));
+      // As bool (1 byte per element): the same tensor of flags, the same gradient.
+      const auto b = m.restore_bool();
+      CHECK((b.scalar_type() == torch::kBool));
+      CHECK(torch::equal(b, y.le(0).logical_not()));
+      CHECK(torch::equal(at::threshold_backward(g, b, 0), at::threshold_backward(g, y, 0)));
     }
   });
+  CHECK(torch::equal(dt::packed_mask::relu(cl_source()).restore_bool(), cl_source().gt(0)));
+  {  // a dropout's noise restores only with its value
+    const auto noise = torch::tensor({0.0f, 2.0f, 2.0f, 0.0f});
+    CHECK_THROWS_WITH_AS((void)dt::packed_mask::dropout(noise).restore_bool(),
+                         doctest::Contains("restore_bool of a dropout"), dropit::error);
+    CHECK_THROWS_AS((void)dt::packed_mask{}.restore_bool(), dropit::error);
+  }
   const auto cl =
       torch::relu(torch::randn({2, 5, 6, 7})).contiguous(at::MemoryFormat::ChannelsLast);
   const auto r = dt::packed_mask::relu(cl).restore();
