@@ -107,20 +107,26 @@ std::vector<std::size_t> oracle_mink(std::span<const T> x, std::size_t k) {
     const double v = to_double(x[i]);
     return std::pair<int, double>{std::isnan(v) ? 1 : 0, std::isnan(v) ? 0.0 : std::fabs(v)};
   };
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return rank(a) > rank(b); });
+  // Ties by index, ascending: a stable sort written out (libstdc++'s std::stable_sort warns
+  // under clang in C++20 through its deprecated get_temporary_buffer).
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const auto ra = rank(a), rb = rank(b);
+    return ra > rb || (ra == rb && a < b);
+  });
   order.resize(k);
   std::sort(order.begin(), order.end());
   return order;
 }
 
-/// The generic rule for any policy, brute force: stable-sort by the policy's key descending.
+/// The generic rule for any policy, brute force: sort by the policy's key descending, ties by
+/// index.
 template <class T, class P>
 std::vector<std::size_t> oracle_by_key(const P& policy, std::span<const T> x, std::size_t k) {
   std::vector<std::size_t> order(x.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return policy.key(x[a], a) > policy.key(x[b], b);
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const auto ka = policy.key(x[a], a), kb = policy.key(x[b], b);
+    return ka > kb || (ka == kb && a < b);  // ties by index, as a stable sort
   });
   order.resize(k);
   std::sort(order.begin(), order.end());

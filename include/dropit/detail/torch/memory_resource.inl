@@ -36,7 +36,9 @@ inline void* cpu_memory_resource::do_allocate(std::size_t bytes, std::size_t ali
 
 inline void cpu_memory_resource::do_deallocate(void* p, std::size_t, std::size_t) {
   if (p == nullptr) return;
-  auto* base = static_cast<std::byte*>(p) - max_alignment;
+  // The header sits max_alignment bytes before p (do_allocate). Through an integer, so that g++
+  // does not read p as the start of the caller's block and warn about the offset (-Warray-bounds).
+  auto* base = reinterpret_cast<std::byte*>(reinterpret_cast<std::uintptr_t>(p) - max_alignment);
   const detail::resource_header header = *reinterpret_cast<detail::resource_header*>(base);
   if (header.deleter != nullptr) header.deleter(header.context);
 }
