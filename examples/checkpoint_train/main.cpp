@@ -6,7 +6,7 @@
 //
 //   checkpoint_train [--epochs E] [--limit N] [--batch-size B] [--width C] [--lr LR] [--seed S]
 //                    [--threads T] [--data DIR] [--csv FILE] [--min-accuracy P]
-//                    [--budget MiB[,MiB...]] [--recompute-only]
+//                    [--budget MiB[,MiB...]] [--recompute-only] [--fuse]
 //
 // Exits 1 if the planned run does not hold less memory than the plain one, if the two runs'
 // test accuracies differ by a point or more, or if either is below --min-accuracy (percent).
@@ -17,8 +17,12 @@
 // not with --recompute-only), and prints per run the planned memory, the measured step peak and
 // bytes held after forward, the planned extra time, the step time and the test accuracy. Exits 1
 // if a run is below --min-accuracy, if a run holds more after forward than its plan stores (1% +
-// 0.05 MiB of slack for the output and the loss), or if a run that compresses nothing differs from
-// the plain run's test accuracy by a point or more (its gradients are the plain run's).
+// 0.05 MiB of slack for the output and the loss; with --fuse, also if it holds less), or if a run
+// that compresses nothing differs from the plain run's test accuracy by a point or more (its
+// gradients are the plain run's).
+//
+// --fuse: each batch norm and the ReLU after it (with the residual addition between them) are one
+// vertex of the graph, so that the graph's tensors are those autograd keeps.
 #include <dropit/torch/checkpoint.hpp>
 #include <dropit/torch/counting_allocator.hpp>
 
@@ -87,31 +91,56 @@ struct resnet : torch::nn::Module {
   /// The model's graph; with `sparse`, every inner tensor that only convolutions, the linear
   /// layer and additions read (a conv/linear input: its readers' input gradients do not depend
   /// on it, and an addition's backward reads nothing) may be stored sparse with that policy.
-  dt::checkpointed_graph graph(std::optional<dt::policy> sparse = std::nullopt) {
+  ///
+  /// With `fused`, a batch norm and the ReLU after it (and the block's addition between them)
+  /// are one vertex: the batch norm's and the addition's outputs, which no backward reads, are
+  /// then not tensors of the graph.
+  dt::checkpointed_graph graph(std::optional<dt::policy> sparse = std::nullopt,
+                               bool fused = false) {
     dt::checkpointed_graph g("image");
     std::size_t layer = 0;
-    auto conv_bn = [&](const std::string& name, vertex in) {
+    auto conv = [&](const std::string& name, vertex in) {
       const std::size_t l = layer++;
-      const vertex cv = g.add(name, {in}, [this, l](auto& x) { return convs[l]->forward(x[0]); });
+      return std::pair{g.add(name, {in}, [this, l](auto& x) { return convs[l]->forward(x[0]); }),
+                       l};
+    };
+    auto conv_bn = [&](const std::string& name, vertex in) {
+      const auto [cv, l] = conv(name, in);
       return g.add(name + "_bn", {cv}, [this, l](auto& x) { return batch_norm(l, x[0]); });
     };
     auto relu = [&](const std::string& name, vertex in) {
       return g.add(name, {in}, [](auto& x) { return torch::relu(x[0]); });
     };
+    // conv, batch norm, ReLU
+    auto conv_bn_relu = [&](const std::string& name, const std::string& relu_name, vertex in) {
+      if (!fused) return relu(relu_name, conv_bn(name, in));
+      const auto [cv, l] = conv(name, in);
+      return g.add(relu_name, {cv},
+                   [this, l](auto& x) { return torch::relu(batch_norm(l, x[0])); });
+    };
+    // conv, batch norm, + skip, ReLU
+    auto conv_bn_add_relu = [&](const std::string& name, const std::string& s, vertex in,
+                                vertex skip) {
+      if (!fused) {
+        const vertex b = conv_bn(name, in);
+        return relu("relu" + s, g.add("add" + s, {b, skip}, [](auto& x) { return x[0] + x[1]; }));
+      }
+      const auto [cv, l] = conv(name, in);
+      return g.add("relu" + s, {cv, skip},
+                   [this, l](auto& x) { return torch::relu(batch_norm(l, x[0]) + x[1]); });
+    };
     auto sparse_ok = [&](vertex v) {
       if (sparse) g.allow_sparse(v, *sparse);
     };
-    vertex h = relu("stem_relu", conv_bn("stem", g.input()));
+    vertex h = conv_bn_relu("stem", "stem_relu", g.input());
     for (int i = 0; i < 5; ++i) {
       const std::string s = std::to_string(i);
       sparse_ok(h);  // read by conv_a (and the block's addition)
       const vertex skip = h;
-      h = relu("relu_a" + s, conv_bn("conv_a" + s, h));
+      h = conv_bn_relu("conv_a" + s, "relu_a" + s, h);
       if (i == 2) continue;
       sparse_ok(h);  // read by conv_b only
-      h = conv_bn("conv_b" + s, h);
-      h = g.add("add" + s, {h, skip}, [](auto& x) { return x[0] + x[1]; });
-      h = relu("relu" + s, h);
+      h = conv_bn_add_relu("conv_b" + s, s, h, skip);
     }
     h = g.add("pool", {h}, [](auto& x) { return torch::avg_pool2d(x[0], 2).flatten(1); });
     sparse_ok(h);  // read by fc only
@@ -167,6 +196,7 @@ struct resnet : torch::nn::Module {
 struct options {
   std::vector<double> budgets_mib;  // --budget: one run per budget (planner v2)
   bool recompute_only = false;      // --recompute-only: no tensor declared sparse
+  bool fused = false;               // --fuse: batch norm + ReLU vertices (resnet::graph)
   int epochs = 1;
   std::int64_t limit = 12000, batch = 128, width = 16, threads = 2;
   double lr = 0.01, min_accuracy = 0.0;
@@ -203,7 +233,7 @@ struct run {
   /// v2 plan with the least extra time within the budget.
   run(bool planned, const options& o, const torch::Tensor& example, double budget_mib = -1.0)
       : net((torch::manual_seed(o.seed), std::make_shared<resnet>(o.width))),
-        g(net->graph(budget_mib >= 0 ? sparse_policy(o) : std::nullopt)),
+        g(net->graph(budget_mib >= 0 ? sparse_policy(o) : std::nullopt, o.fused)),
         opt(net->parameters(), torch::optim::SGDOptions(o.lr).momentum(0.9)) {
     r.mode = planned ? "planned" : "plain";
     r.regular_mib = mib(g.measure(example).total_cost());
@@ -346,7 +376,7 @@ std::vector<run_result> train(const options& o, const fmnist::split& tr, const f
 void print_frontier(const options& o, const torch::Tensor& example, std::size_t rows = 24) {
   const auto net = (torch::manual_seed(o.seed), std::make_shared<resnet>(o.width));
   net->train();
-  auto g = net->graph(sparse_policy(o));
+  auto g = net->graph(sparse_policy(o), o.fused);
   const auto measured = g.measure(example, 3);
   const auto f = g.frontier(example);
   const auto least_recompute_only = dropit::checkpoint::solve(measured).cost;
@@ -401,6 +431,8 @@ options parse(int argc, char** argv) {
       o.csv = next();
     else if (a == "--recompute-only")
       o.recompute_only = true;
+    else if (a == "--fuse")
+      o.fused = true;
     else if (a == "--budget") {
       const std::string list = next();
       std::size_t at = 0;
@@ -421,7 +453,7 @@ options parse(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: checkpoint_train [--epochs E] [--limit N] [--batch-size B] [--width C] "
                    "[--lr LR] [--seed S] [--threads T] [--data DIR] [--csv FILE] "
-                   "[--min-accuracy P] [--budget MiB[,MiB...]] [--recompute-only]\n");
+                   "[--min-accuracy P] [--budget MiB[,MiB...]] [--recompute-only] [--fuse]\n");
       std::exit(a == "--help" ? 0 : 2);
     }
   }
@@ -493,6 +525,15 @@ int budget_main(const options& o, const fmnist::split& tr, const fmnist::split& 
       std::fprintf(stderr,
                    "checkpoint_train: the %s run held %.2f MiB after forward, more than the "
                    "%.2f MiB its plan stores\n",
+                   r.mode.c_str(), mib(r.held), r.stored_mib);
+      ok = false;
+    }
+    // With --fuse every tensor of the graph is one that some backward reads or that a
+    // recomputation starts from, so the run holds all the plan stores, not less.
+    if (o.fused && r.budget_mib > 0 && !(mib(r.held) >= r.stored_mib * 0.99 - 0.05)) {
+      std::fprintf(stderr,
+                   "checkpoint_train: the %s run (--fuse) held %.2f MiB after forward, less than "
+                   "the %.2f MiB its plan stores\n",
                    r.mode.c_str(), mib(r.held), r.stored_mib);
       ok = false;
     }
