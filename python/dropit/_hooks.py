@@ -55,11 +55,10 @@ def _unpack(obj):
 
 
 class _ReluMask:
-    """A ReLU output's mask. Restored as a bool tensor when autograd does not record the backward
-    (ReLU's backward, ``threshold_backward``, gives the same gradient with it: a quarter of the
-    bytes of a 0/1 float tensor), as a 0/1 tensor of the output's dtype when it does
-    (``create_graph=True``, where the restored tensor enters a graph that may be differentiated
-    again: there it keeps the dtype plain PyTorch's saved output has)."""
+    """A ReLU output's mask, restored as a 0/1 tensor of the output's dtype (what plain PyTorch's
+    saved output gives ``threshold_backward``). A bool tensor would take a quarter of the bytes,
+    but ``threshold_backward`` converts it to the gradient's dtype first: 3.7x slower on the
+    ViT's MLP activations (docs/python.md)."""
 
     __slots__ = ("mask",)
 
@@ -67,7 +66,7 @@ class _ReluMask:
         self.mask = mask
 
     def restore(self):
-        return self.mask.restore() if torch.is_grad_enabled() else self.mask.restore_bool()
+        return self.mask.restore()
 
 
 class _ShapeOnly:

@@ -173,8 +173,6 @@ Raises dropit.Error for a non-contiguous, non-CPU or unsupported tensor.)doc");
   py::class_<dt::packed_mask>(m, "Mask",
                               "A ReLU output's sign mask or a dropout's noise, 1 bit per element.")
       .def("restore", &dt::packed_mask::restore, py::call_guard<py::gil_scoped_release>())
-      .def("restore_bool", &dt::packed_mask::restore_bool, py::call_guard<py::gil_scoped_release>(),
-           "A ReLU mask as a bool tensor (true where the gradient passes).")
       .def_property_readonly("nbytes", &dt::packed_mask::bytes)
       .def_property_readonly("numel", &dt::packed_mask::numel);
   m.def("_pack_relu", &dt::packed_mask::relu, py::arg("output"),

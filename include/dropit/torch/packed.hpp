@@ -104,7 +104,8 @@ class packed_mask {
   /**
    * @brief A new bool tensor with the packed sizes and strides: true where the mask is set. A
    * quarter of `restore()`'s bytes for fp32; LibTorch's `threshold_backward` (a ReLU's backward)
-   * gives the same gradient with it as with the restored 0/1 tensor.
+   * gives the same gradient with it as with the restored 0/1 tensor, but converts it to the
+   * gradient's dtype first (about 3x slower: docs/python.md), so the adapters restore the dtype.
    * @throw dropit::error for a dropout's noise (its value is not 1) or an empty mask.
    */
   [[nodiscard]] at::Tensor restore_bool() const;
