@@ -54,21 +54,6 @@ def _unpack(obj):
     return obj if isinstance(obj, torch.Tensor) else obj.restore()
 
 
-class _ReluMask:
-    """A ReLU output's mask, restored as a 0/1 tensor of the output's dtype (what plain PyTorch's
-    saved output gives ``threshold_backward``). A bool tensor would take a quarter of the bytes,
-    but ``threshold_backward`` converts it to the gradient's dtype first: 3.7x slower on the
-    ViT's MLP activations (docs/python.md)."""
-
-    __slots__ = ("mask",)
-
-    def __init__(self, mask):
-        self.mask = mask
-
-    def restore(self):
-        return self.mask.restore()
-
-
 class _ShapeOnly:
     """A saved tensor whose backward reads only its sizes and dtype: MaxPool2d's input, and the
     input a Conv2d's padding mode pads."""
@@ -247,7 +232,9 @@ class _Scope:
             return t
         if kind == "relu":
             if t.is_floating_point() and t.shape == x.shape:
-                return _ReluMask(_C._pack_relu(t))
+                # Restores as a 0/1 tensor of t's dtype: a bool one would be a quarter of the
+                # bytes, but threshold_backward converts it first (about 3x slower: docs/python.md).
+                return _C._pack_relu(t)
             return t
         # pool: the int64 indices, and the input (read for its shape)
         if t.dtype == torch.int64 and t.dim() >= 3:
