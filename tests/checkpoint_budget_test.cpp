@@ -734,3 +734,182 @@ TEST_CASE("bad input") {
   CHECK(q.decisions.size() == 3);
   CHECK(q.compressed_cost == 0);
 }
+
+// ---- the step model (simulate_step) and budgets on it (solve_step_budget) ---------------------
+
+namespace {
+
+/// s(0) -> a(1) -> b(2) -> t(3): a costs 10, b 20, t 1 (the source's 100 is never counted).
+ck::graph step_chain() {
+  ck::graph g;
+  g.add_vertex("s", 100);
+  g.add_vertex("a", 10);
+  g.add_vertex("b", 20);
+  g.add_vertex("t", 1);
+  g.add_edge("s", "a", 1.0);
+  g.add_edge("a", "b", 1.0);
+  g.add_edge("b", "t", 1.0);
+  g.set_source("s");
+  g.set_target("t");
+  g.add_storage(1, {"pack", 3, 0.5});
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("simulate_step: a chain replayed by hand") {
+  ck::graph g = step_chain();
+  SUBCASE("everything kept") {
+    // Forward stores a, b, t: 31. Backward: grad t (32); t's op makes grad b (52), frees grad t
+    // and t (50); b's op makes grad a: 60, the peak, at b; then everything is freed.
+    const ck::vertex_index all[] = {1, 2};
+    const ck::step_memory m = ck::simulate_step(g, ck::evaluate(g, all));
+    CHECK(m.stored == 31);
+    CHECK(m.forward_peak == 31);
+    CHECK(m.peak == 60);
+    CHECK(m.peak_vertex == 2);
+    // A workspace of 5 in b's backward rises the peak by 5; one in t's (52 + 5) does not.
+    g.set_workspace(2, 5);
+    g.set_workspace(3, 5);
+    CHECK(ck::simulate_step(g, ck::evaluate(g, all)).peak == 65);
+    // The workspace travels through JSON (written only where it is not 0).
+    const std::string json = ck::to_json(g);
+    CHECK(json.find("\"workspace\": 5") != std::string::npos);
+    const ck::graph back = ck::parse_graph_json(json);
+    CHECK(back.workspace(1) == 0);
+    CHECK(back.workspace(2) == 5);
+    CHECK(ck::simulate_step(back, ck::evaluate(back, all)).peak == 65);
+    CHECK_THROWS_WITH_AS(
+        (void)ck::parse_graph_json(R"({"source": 0, "target": 1, "vertices": [{"id": 0, "cost": 1},
+          {"id": 1, "cost": 1, "workspace": -2}], "edges": [{"u": 0, "v": 1}]})"),
+        doctest::Contains("vertices[1].workspace"), dropit::error);
+  }
+  SUBCASE("a dropped") {
+    // Forward: b's node computes a (10) then b (30) and frees a: 20, + t: 21. Backward: grad t
+    // (22), grad b (42), grad t and b's stored copy freed (21), t freed (20); b's node recomputes
+    // a and b (50) and makes grad a: 60 at b.
+    const ck::vertex_index keep[] = {2};
+    const ck::step_memory m = ck::simulate_step(g, ck::evaluate(g, keep));
+    CHECK(m.stored == 21);
+    CHECK(m.forward_peak == 30);
+    CHECK(m.peak == 60);
+    CHECK(m.peak_vertex == 2);
+  }
+  SUBCASE("a compressed") {
+    // Forward: a dense and packed (13), b (33), a's dense copy freed after b (23), t (24).
+    // Backward: grad t (25), grad b (45), grad t, b and t freed (23); b's node restores a (33),
+    // recomputes b (53) and makes grad a: 63 at b.
+    const ck::vertex_index keep[] = {2};
+    const ck::compression packed[] = {{1, 0}};
+    const ck::step_memory m = ck::simulate_step(g, ck::evaluate(g, keep, packed));
+    CHECK(m.stored == 24);
+    CHECK(m.forward_peak == 33);
+    CHECK(m.peak == 63);
+    CHECK(m.peak_vertex == 2);
+  }
+  SUBCASE("bad input") {
+    ck::plan p = ck::evaluate(g, std::vector<ck::vertex_index>{1, 2});
+    p.decisions.pop_back();
+    CHECK_THROWS_WITH_AS((void)ck::simulate_step(g, p), doctest::Contains("3 decisions"),
+                         dropit::error);
+    CHECK_THROWS_WITH_AS(g.set_workspace(1, -1), doctest::Contains("negative workspace"),
+                         dropit::error);
+    CHECK_THROWS_WITH_AS((void)ck::solve_step_budget(g, -1), doctest::Contains("negative budget"),
+                         dropit::error);
+    CHECK_THROWS_WITH_AS((void)ck::solve_step_budget(g, 59),
+                         doctest::Contains("no plan fits in 59; the least step peak"),
+                         dropit::error);
+  }
+}
+
+TEST_CASE("a residual block: a gradient from two readers is allocated once") {
+  // s -> a -> b -> c -> t and a -> c (a skip): all kept. Costs a 8, b 4, c 2, t 1.
+  ck::graph g;
+  for (const auto& [id, cost] : {std::pair{"s", 50}, {"a", 8}, {"b", 4}, {"c", 2}, {"t", 1}})
+    g.add_vertex(id, cost);
+  g.add_edge("s", "a");
+  g.add_edge("a", "b");
+  g.add_edge("b", "c");
+  g.add_edge("a", "c");
+  g.add_edge("c", "t");
+  g.set_source("s");
+  g.set_target("t");
+  // a's stored copy lives until its first node in forward order (its own) has run backward.
+  // Stored 15; grad t: 16; t's op: grad c (18), grad t and t freed (16); c's op: grads b and a
+  // (28, the peak), grad c and c freed (24); b's op: a already has its gradient, so only b's
+  // workspace of 9 (33); grad b and b freed (16); a's op: grad a and a freed (0).
+  g.set_workspace(2, 9);
+  const ck::vertex_index all[] = {1, 2, 3};
+  const ck::step_memory m = ck::simulate_step(g, ck::evaluate(g, all));
+  CHECK(m.stored == 15);
+  CHECK(m.forward_peak == 15);
+  CHECK(m.peak == 33);  // 41 if grad a were allocated again for b
+  CHECK(m.peak_vertex == 2);
+}
+
+TEST_CASE("solve_step_budget: the fastest frontier plan whose step fits; its gap to the optimum") {
+  std::mt19937_64 rng(1616);
+  int rounds = 0, fits = 0, optimal = 0;
+  double worst_gap = 0.0;
+  for (int round = 0; round < 300; ++round) {
+    family kind{};
+    const timed_dag td = random_case(rng, round % 18, kind);  // at most 7 inner vertices
+    CAPTURE(round);
+    std::vector<ck::vertex_index> index;
+    const ck::graph g = to_timed_graph(td, rng, index);
+    // Every frontier point's plan and its modelled step peak.
+    const ck::frontier f = ck::solve_frontier(g);
+    std::vector<std::pair<ck::cost_t, double>> on_frontier;  // (peak, time)
+    for (const ck::frontier_point& pt : f.points) {
+      const ck::plan p = ck::solve_budget(g, pt.memory);
+      const ck::step_memory m = ck::simulate_step(g, p);
+      CHECK(m.peak >= m.stored);
+      CHECK(m.stored == p.checkpoint_cost + p.compressed_cost + g.cost(g.target()));
+      on_frontier.emplace_back(m.peak, p.extra_time);
+    }
+    // The exhaustive optimum in the step model: every valid assignment, as a plan.
+    std::vector<std::pair<ck::cost_t, double>> every;
+    for_each_assignment(td, [&](const std::vector<int>& choice) {
+      if (!price(td, choice)) return;
+      std::vector<ck::vertex_index> keep;
+      std::vector<ck::compression> packed;
+      for (int v = 0; v < td.d.n; ++v) {
+        const int c = choice[static_cast<std::size_t>(v)];
+        if (v == td.d.s || v == td.d.t) continue;
+        if (c == 0) keep.push_back(index[static_cast<std::size_t>(v)]);
+        if (c >= 2)
+          packed.push_back({index[static_cast<std::size_t>(v)], static_cast<std::size_t>(c - 2)});
+      }
+      const ck::plan p = ck::evaluate(g, keep, packed);
+      every.emplace_back(ck::simulate_step(g, p).peak, p.extra_time);
+    });
+    REQUIRE(!every.empty());
+    for (const auto& [budget, unused] : every) {
+      (void)unused;
+      std::optional<double> expected, best;
+      for (const auto& [peak, time] : on_frontier)
+        if (peak <= budget && (!expected || time < *expected)) expected = time;
+      for (const auto& [peak, time] : every)
+        if (peak <= budget && (!best || time < *best)) best = time;
+      REQUIRE(best.has_value());
+      if (!expected) {
+        CHECK_THROWS_WITH_AS((void)ck::solve_step_budget(g, budget),
+                             doctest::Contains("no plan fits"), dropit::error);
+        continue;
+      }
+      const ck::plan p = ck::solve_step_budget(g, budget);
+      CHECK(!p.exact);
+      CHECK(ck::simulate_step(g, p).peak <= budget);
+      CHECK(p.extra_time == *expected);
+      CHECK(p.extra_time >= *best);  // never better than the exhaustive optimum
+      ++fits;
+      if (p.extra_time == *best) ++optimal;
+      worst_gap = std::max(worst_gap, p.extra_time - *best);
+    }
+    ++rounds;
+  }
+  CHECK(rounds == 300);
+  MESSAGE("step budgets solved: ", fits, ", at the exhaustive optimum: ", optimal,
+          "; the largest extra time over the optimum: ", worst_gap);
+  CHECK(fits > 1000);
+}

@@ -19,7 +19,9 @@
  *
  * Planner v2 (`solve_budget`, `solve_frontier`): vertices also have a recompute time and may offer
  * storage options (compressed forms); for a memory budget it finds the plan with the least extra
- * time, each vertex kept, compressed (never the entry of a segment) or dropped.
+ * time, each vertex kept, compressed (never the entry of a segment) or dropped. `simulate_step`
+ * models a whole training step's memory under a plan (gradients and backward workspaces
+ * included), and `solve_step_budget` keeps that modelled peak within a budget.
  *
  * The umbrella header of the `checkpoint` component (CMake target `dropit::checkpoint`, which
  * brings nlohmann::json for reading graphs); `<dropit/dropit.hpp>` does not include it.
@@ -95,6 +97,14 @@ class graph {
   void set_time(vertex_index v, double time);
 
   /**
+   * @brief Sets the memory vertex `v`'s operation allocates in backward beyond the gradients of
+   * its inputs (temporaries, e.g. the intermediate gradients of a fused batch norm + ReLU), used
+   * by `simulate_step` only (default 0).
+   * @throw dropit::error if out of range or `bytes` is negative
+   */
+  void set_workspace(vertex_index v, cost_t bytes);
+
+  /**
    * @brief Offers a way to store vertex `v` compressed (see `storage_option`). A vertex without
    * options is exact-only: it is kept or recomputed. Options of the source and target are ignored
    * (both are always kept).
@@ -141,6 +151,9 @@ class graph {
    * `compute` (O(edges)). @throw dropit::error if out of range
    */
   [[nodiscard]] double time(vertex_index v) const;
+  /** @brief A vertex's backward workspace (`set_workspace`). @throw dropit::error if out of range
+   */
+  [[nodiscard]] cost_t workspace(vertex_index v) const;
   /** @brief Whether `set_time` gave the vertex a time. @throw dropit::error if out of range */
   [[nodiscard]] bool has_time(vertex_index v) const;
   /** @brief A vertex's storage options (empty: exact-only). @throw dropit::error if out of range */
@@ -175,6 +188,7 @@ class graph {
   std::vector<std::string> ids_;
   std::vector<cost_t> costs_;
   std::vector<double> times_;  // NaN: not set
+  std::vector<cost_t> workspaces_;
   std::vector<std::vector<storage_option>> storage_;
   std::vector<edge> edges_;
   std::unordered_map<std::string, vertex_index, id_hash, std::equal_to<>> index_;
@@ -322,10 +336,46 @@ struct budget_options {
 [[nodiscard]] frontier solve_frontier(const graph& g, const budget_options& options = {});
 
 /**
+ * @brief The memory of one training step run with a plan, in the execution model of
+ * `dropit::torch::checkpointed_graph` (one autograd node per stored vertex; see
+ * docs/checkpoint.md, "Step memory"). Units are the graph's costs.
+ */
+struct step_memory {
+  cost_t stored = 0;        ///< held between forward and backward: kept tensors, packs, the target
+  cost_t forward_peak = 0;  ///< the most held during forward
+  cost_t peak = 0;          ///< the most held during the step (forward and backward)
+  vertex_index peak_vertex = 0;  ///< the vertex whose computation or gradient reaches `peak`
+};
+
+/**
+ * @brief Replays a step with plan `p` tensor by tensor and returns its memory. The model: every
+ * tensor of the graph is saved by the operations that read it (build the graph so: one vertex per
+ * tensor autograd keeps); forward holds the stored tensors (a compressed one dense beside its
+ * pack until its last reader has run); backward runs the nodes from the last, each restoring its
+ * compressed entries, recomputing its dropped vertices and its exit, and back-propagating op by
+ * op; a vertex's gradient (its bytes) lives from its first reader's backward to its own; a stored
+ * tensor is freed after the last node that saves it. The source and the operations' own buffers
+ * are not counted.
+ * @throw dropit::error if the graph is not valid or `p` is not a plan of it
+ */
+[[nodiscard]] step_memory simulate_step(const graph& g, const plan& p);
+
+/**
+ * @brief The plan with the least extra time whose step peak (`simulate_step(g, plan).peak`) is at
+ * most `budget`, among the plans of the (memory, time) frontier (`solve_frontier`): a heuristic,
+ * `plan::exact` is false. Costs up to one pass of the dynamic program per frontier point.
+ * @throw dropit::error if the graph is not valid, or if no frontier plan fits (the message gives
+ * the least step peak)
+ */
+[[nodiscard]] plan solve_step_budget(const graph& g, cost_t budget,
+                                     const budget_options& options = {});
+
+/**
  * @brief Reads a graph from JSON text:
  * `{"source": ID, "target": ID, "vertices": [{"id": ID, "cost": NUMBER, "time": NUMBER
- * (optional), "storage": [{"name": STRING, "bytes": NUMBER, "time": NUMBER (optional)}, ...]
- * (optional)}, ...], "edges": [{"u": ID, "v": ID, "compute": NUMBER (optional)}, ...]}`.
+ * (optional), "workspace": NUMBER (optional, read as a cost), "storage": [{"name": STRING, "bytes":
+ * NUMBER, "time": NUMBER (optional)}, ...] (optional)}, ...], "edges": [{"u": ID, "v": ID,
+ * "compute": NUMBER (optional)}, ...]}`.
  *
  * IDs are integers or strings (an integer id is its decimal text, so 7 and "7" are the same
  * vertex); a cost is a finite non-negative number of bytes, rounded up to a whole byte (`0.5`
@@ -354,7 +404,7 @@ struct budget_options {
 
 /**
  * @brief A graph as JSON in the format `parse_graph_json` reads (edges with their "compute",
- * vertices with their "time" if set and "storage" if any).
+ * vertices with their "time" if set, "workspace" if not 0 and "storage" if any).
  */
 [[nodiscard]] std::string to_json(const graph& g);
 

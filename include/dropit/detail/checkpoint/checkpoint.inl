@@ -13,4 +13,5 @@
 #include <dropit/detail/checkpoint/models.hpp>
 #include <dropit/detail/checkpoint/solve.inl>
 #include <dropit/detail/checkpoint/budget.inl>
+#include <dropit/detail/checkpoint/step.inl>
 // clang-format on

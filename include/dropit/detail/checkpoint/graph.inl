@@ -36,6 +36,7 @@ inline vertex_index graph::add_vertex(std::string id, cost_t cost) {
   ids_.push_back(std::move(id));
   costs_.push_back(cost);
   times_.push_back(std::numeric_limits<double>::quiet_NaN());
+  workspaces_.push_back(0);
   storage_.emplace_back();
   total_ += cost;
   return v;
@@ -46,6 +47,18 @@ inline void graph::set_time(vertex_index v, double time) {
   DROPIT_EXPECTS(std::isfinite(time) && time >= 0, "checkpoint: vertex ", detail::quote_id(ids_[v]),
                  " has a bad time: ", time);
   times_[v] = time;
+}
+
+inline void graph::set_workspace(vertex_index v, cost_t bytes) {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  DROPIT_EXPECTS(bytes >= 0, "checkpoint: vertex ", detail::quote_id(ids_[v]),
+                 " has a negative workspace: ", bytes);
+  workspaces_[v] = bytes;
+}
+
+inline cost_t graph::workspace(vertex_index v) const {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  return workspaces_[v];
 }
 
 inline void graph::add_storage(vertex_index v, storage_option option) {

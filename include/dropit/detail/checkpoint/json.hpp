@@ -400,6 +400,8 @@ class graph_loader {
         fail(cv, path + ".cost", "the total cost overflows 64 bits");
       const vertex_index v = g.add_vertex(std::move(name), c);
       if (const value* tv = vx.find("time")) g.set_time(v, number(*tv, path + ".time"));
+      if (const value* wv = vx.find("workspace"))
+        g.set_workspace(v, cost(*wv, path + ".workspace"));
       if (const value* sv = vx.find("storage")) storage(g, v, *sv, path + ".storage");
     }
     const value& es = expect(member(doc, "document", "edges"), "edges", kind::array);
@@ -605,6 +607,7 @@ inline std::string to_json(const graph& g) {
       out += ", \"time\": ";
       write_double(out, g.time(v));
     }
+    if (g.workspace(v) != 0) out += ", \"workspace\": " + std::to_string(g.workspace(v));
     const auto st = g.storage(v);
     for (std::size_t i = 0; i < st.size(); ++i) {
       out += i ? ", {\"name\": " : ", \"storage\": [{\"name\": ";

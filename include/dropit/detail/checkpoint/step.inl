@@ -1,0 +1,251 @@
+/**
+ * @file step.inl
+ * @brief `simulate_step` and `solve_step_budget` (checkpoint.hpp): the memory of a training step
+ * run with a plan, replayed tensor by tensor in the execution model of
+ * `dropit::torch::checkpointed_graph`.
+ */
+#pragma once
+
+#include <dropit/detail/checkpoint/budget.inl>  // budget_search, make_dag, tree_builder
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <vector>
+
+namespace dropit::checkpoint {
+namespace detail {
+
+/// A running total of bytes that remembers its largest value and where it was reached.
+class byte_meter {
+ public:
+  void add(cost_t bytes, vertex_index at) {
+    now_ += bytes;
+    if (now_ > peak_) {
+      peak_ = now_;
+      at_ = at;
+    }
+  }
+  void remove(cost_t bytes) { now_ -= bytes; }
+  [[nodiscard]] cost_t now() const noexcept { return now_; }
+  [[nodiscard]] cost_t peak() const noexcept { return peak_; }
+  [[nodiscard]] vertex_index at() const noexcept { return at_; }
+
+ private:
+  cost_t now_ = 0, peak_ = 0;
+  vertex_index at_ = 0;
+};
+
+/// One autograd node of a planned forward: a stored vertex (its exit), the dropped vertices it
+/// recomputes and the stored vertices it reads.
+struct step_group {
+  vertex_index exit = 0;
+  std::vector<vertex_index> inside;   // topological order
+  std::vector<vertex_index> entries;  // stored vertices (or the source) read by the group
+  bool direct = false;                // nothing to recompute or restore: a plain autograd op
+};
+
+}  // namespace detail
+
+inline step_memory simulate_step(const graph& g, const plan& p) {
+  const std::vector<vertex_index> order = g.topological_order();
+  const std::size_t n = g.vertex_count();
+  DROPIT_EXPECTS(p.decisions.size() == n, "checkpoint: simulate_step: the plan has ",
+                 p.decisions.size(), " decisions for a graph of ", n, " vertices");
+  const vertex_index src = g.source(), tgt = g.target();
+  DROPIT_EXPECTS(p.decisions[src] == decision::keep && p.decisions[tgt] == decision::keep,
+                 "checkpoint: simulate_step: the plan does not keep the source and the target");
+  std::vector<std::size_t> pos(n);
+  for (std::size_t i = 0; i < n; ++i)
+    pos[order[i]] = i;
+  std::vector<std::vector<vertex_index>> in(n);
+  for (const edge& e : g.edges())
+    in[e.to].push_back(e.from);
+  for (auto& v : in) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+  }
+  // What each vertex occupies between forward and backward: its bytes, its pack, or nothing.
+  std::vector<cost_t> held(n, 0);
+  std::vector<char> packed(n, 0);
+  for (vertex_index v = 0; v < n; ++v)
+    if (p.decisions[v] == decision::keep && v != src) held[v] = g.cost(v);
+  for (const compression& c : p.compressed) {
+    DROPIT_EXPECTS(c.vertex < n && p.decisions[c.vertex] == decision::compress &&
+                       c.option < g.storage(c.vertex).size(),
+                   "checkpoint: simulate_step: the plan's compression of vertex ", c.vertex,
+                   " does not match its decisions or the vertex's storage options");
+    held[c.vertex] = g.storage(c.vertex)[c.option].bytes;
+    packed[c.vertex] = 1;
+  }
+  for (vertex_index v = 0; v < n; ++v)
+    DROPIT_EXPECTS(p.decisions[v] != decision::compress || packed[v],
+                   "checkpoint: simulate_step: vertex '", g.id(v),
+                   "' is compressed without a storage option in the plan");
+
+  // The nodes, in topological order of their exits (the order forward creates them).
+  std::vector<detail::step_group> groups;
+  std::vector<char> seen(n, 0);
+  for (vertex_index v : order) {
+    if (v == src || p.decisions[v] == decision::drop) continue;
+    detail::step_group gr;
+    gr.exit = v;
+    std::fill(seen.begin(), seen.end(), 0);
+    std::vector<vertex_index> stack{v};
+    while (!stack.empty()) {
+      const vertex_index w = stack.back();
+      stack.pop_back();
+      for (vertex_index u : in[w]) {
+        if (seen[u]) continue;
+        seen[u] = 1;
+        if (p.decisions[u] == decision::drop) {
+          gr.inside.push_back(u);
+          stack.push_back(u);
+        } else {
+          gr.entries.push_back(u);
+        }
+      }
+    }
+    const auto by_pos = [&](vertex_index a, vertex_index b) { return pos[a] < pos[b]; };
+    std::sort(gr.inside.begin(), gr.inside.end(), by_pos);
+    gr.direct = gr.inside.empty() && !packed[v] &&
+                std::none_of(gr.entries.begin(), gr.entries.end(),
+                             [&](vertex_index u) { return packed[u] != 0; });
+    groups.push_back(std::move(gr));
+  }
+  constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
+  // A stored tensor is freed after the backward of the last node (in backward order, so the
+  // first in forward order) that saves it: the nodes reading it, and a plain op its own output.
+  std::vector<std::size_t> release(n, never);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    for (vertex_index u : groups[i].entries)
+      release[u] = std::min(release[u], i);
+    if (groups[i].direct) release[groups[i].exit] = std::min(release[groups[i].exit], i);
+  }
+
+  step_memory m;
+  detail::byte_meter meter;
+  // Forward: each node computes its group (the recomputed vertices, then the exit) while the
+  // nodes before it hold what they store; a compressed vertex stays dense beside its pack until
+  // the last node reading it has run.
+  std::vector<std::size_t> last_reader(n, 0);
+  for (std::size_t i = 0; i < groups.size(); ++i)
+    for (vertex_index u : groups[i].entries)
+      last_reader[u] = std::max(last_reader[u], i);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const detail::step_group& gr = groups[i];
+    cost_t transient = 0;
+    for (vertex_index w : gr.inside) {
+      meter.add(g.cost(w), w);
+      transient += g.cost(w);
+    }
+    if (packed[gr.exit]) {
+      meter.add(g.cost(gr.exit) + held[gr.exit], gr.exit);  // dense, then its pack
+    } else {
+      meter.add(held[gr.exit], gr.exit);
+    }
+    meter.remove(transient);
+    for (vertex_index u : gr.entries)
+      if (packed[u] && last_reader[u] == i) meter.remove(g.cost(u));
+  }
+  // A compressed vertex no node reads (the plan never does this) would stay dense: drop it too.
+  for (const detail::step_group& gr : groups)
+    if (packed[gr.exit] && release[gr.exit] == never) meter.remove(g.cost(gr.exit));
+  m.stored = meter.now();
+  m.forward_peak = meter.peak();
+
+  // Backward, node by node from the last. Gradients: a vertex's gradient is allocated when the
+  // first of its readers runs backward and freed when its own operation has.
+  std::vector<char> grad(n, 0);
+  const auto add_grad = [&](vertex_index u, vertex_index at) {
+    if (u == src || grad[u]) return;
+    grad[u] = 1;
+    meter.add(g.cost(u), at);
+  };
+  const auto drop_grad = [&](vertex_index u) {
+    if (!grad[u]) return;
+    grad[u] = 0;
+    meter.remove(g.cost(u));
+  };
+  // An operation's own temporaries, while it computes its inputs' gradients.
+  const auto workspace = [&](vertex_index w) {
+    meter.add(g.workspace(w), w);
+    meter.remove(g.workspace(w));
+  };
+  add_grad(tgt, tgt);
+  for (std::size_t i = groups.size(); i-- > 0;) {
+    const detail::step_group& gr = groups[i];
+    const vertex_index e = gr.exit;
+    if (gr.direct) {
+      for (vertex_index u : in[e])
+        add_grad(u, e);
+      workspace(e);
+      drop_grad(e);
+    } else {
+      // Restore the packed entries, recompute the group with autograd (every recomputed tensor
+      // is saved by an op of the group), then back-propagate through it op by op.
+      cost_t restored = 0;
+      for (vertex_index u : gr.entries)
+        if (packed[u]) {
+          meter.add(g.cost(u), e);
+          restored += g.cost(u);
+        }
+      for (vertex_index w : gr.inside)
+        meter.add(g.cost(w), w);
+      meter.add(g.cost(e), e);
+      for (vertex_index u : in[e])
+        add_grad(u, e);
+      workspace(e);
+      for (auto it = gr.inside.rbegin(); it != gr.inside.rend(); ++it) {
+        for (vertex_index u : in[*it])
+          add_grad(u, *it);
+        workspace(*it);
+        drop_grad(*it);
+        meter.remove(g.cost(*it));
+      }
+      meter.remove(restored + g.cost(e));  // the restored entries and the exit's recomputation
+      drop_grad(e);
+    }
+    for (vertex_index u : gr.entries)
+      if (release[u] == i) meter.remove(held[u]);
+    if (release[e] == i) meter.remove(held[e]);
+  }
+  m.peak = meter.peak();
+  m.peak_vertex = meter.at();
+  return m;
+}
+
+inline plan solve_step_budget(const graph& g, cost_t budget, const budget_options& options) {
+  const auto start = std::chrono::steady_clock::now();
+  DROPIT_EXPECTS(budget >= 0, "checkpoint: solve_step_budget: negative budget ", budget);
+  const detail::dag d = detail::make_dag(g);
+  if (d.n == 1) {
+    plan p = detail::finish_plan(g, d, {}, {});
+    const cost_t peak = simulate_step(g, p).peak;
+    DROPIT_EXPECTS(peak <= budget, "checkpoint: solve_step_budget: no plan fits in ", budget,
+                   "; the least step peak of the plans tried is ", peak);
+    p.exact = false;
+    p.solve_seconds = detail::seconds_since(start);
+    return p;
+  }
+  const detail::division_tree tree = detail::tree_builder(d).build();
+  detail::budget_search search(g, d, tree, options);
+  const std::vector<detail::budget_hit> front = search.run(-1);
+  // From the fastest plan of the frontier to the smallest: the first whose step fits.
+  cost_t least = std::numeric_limits<cost_t>::max();
+  for (auto it = front.rbegin(); it != front.rend(); ++it) {
+    plan p = search.make_plan(g, d, *it);
+    const cost_t peak = simulate_step(g, p).peak;
+    least = std::min(least, peak);
+    if (peak > budget) continue;
+    p.exact = false;
+    p.search_passes = search.passes();
+    p.solve_seconds = detail::seconds_since(start);
+    return p;
+  }
+  dropit::detail::throw_error("checkpoint: solve_step_budget: no plan fits in ", budget,
+                              "; the least step peak of the ", front.size(), " frontier plans is ",
+                              least);
+}
+
+}  // namespace dropit::checkpoint
