@@ -294,8 +294,9 @@ TEST_CASE("checkpointed_graph::replaying() is true only while measuring or recom
   CHECK(seen == std::vector<bool>{false});
   seen.clear();
   auto planned = make(bn_planned);
-  planned.use_checkpoints(x, {});          // everything is recomputed in backward
-  CHECK(seen == std::vector<bool>{true});  // measuring
+  planned.use_checkpoints(x, {});  // everything is recomputed in backward
+  // measuring: the op runs once to time it and once with autograd to size its backward
+  CHECK(seen == std::vector<bool>{true, true});
   seen.clear();
   CHECK_FALSE(dt::checkpointed_graph::replaying());
   planned.forward(x).backward();
@@ -543,4 +544,108 @@ TEST_CASE("checkpointed_graph v2: bad sparse declarations and plans throw dropit
   g.allow_sparse(a, mink);
   const dropit::checkpoint::compression a_feeds_b[] = {{a, 0}};
   CHECK_THROWS_AS(g.use_plan(x, {}, a_feeds_b), dropit::error);  // b would be dropped
+}
+
+namespace {
+
+/// Convolutions whose batch norm + ReLU (and residual addition) are one vertex each: the graph's
+/// tensors are those autograd keeps, as `checkpoint::simulate_step` assumes.
+struct fused_net : torch::nn::Module {
+  explicit fused_net(int blocks) {
+    for (int i = 0; i < 2 * blocks + 1; ++i) {
+      const std::string s = std::to_string(i);
+      convs.push_back(register_module(
+          "conv" + s,
+          torch::nn::Conv2d(torch::nn::Conv2dOptions(i == 0 ? 1 : 16, 16, 3).padding(1))));
+      bns.push_back(register_module("bn" + s, torch::nn::BatchNorm2d(16)));
+    }
+    fc = register_module("fc", torch::nn::Linear(16 * 14 * 14, 10));
+  }
+
+  dt::checkpointed_graph graph(bool sparse) {
+    dt::checkpointed_graph g;
+    auto conv = [&](std::size_t l, vertex in) {
+      return g.add("conv" + std::to_string(l), {in},
+                   [this, l](auto& x) { return convs[l]->forward(x[0]); });
+    };
+    vertex h = conv(0, g.input());
+    h = g.add("relu0", {h}, [this](auto& x) { return torch::relu(bns[0]->forward(x[0])); });
+    for (std::size_t b = 0; 2 * b + 2 < convs.size(); ++b) {
+      const std::size_t l = 2 * b + 1;
+      const vertex skip = h;
+      h = conv(l, h);
+      h = g.add("relu" + std::to_string(l), {h},
+                [this, l](auto& x) { return torch::relu(bns[l]->forward(x[0])); });
+      if (sparse) g.allow_sparse(h, {dt::policy_kind::mink, 0.9});  // read by a conv only
+      h = conv(l + 1, h);
+      h = g.add("relu" + std::to_string(l + 1), {h, skip},
+                [this, l](auto& x) { return torch::relu(bns[l + 1]->forward(x[0]) + x[1]); });
+    }
+    h = g.add("pool", {h}, [](auto& x) { return torch::avg_pool2d(x[0], 2).flatten(1); });
+    g.add("fc", {h}, [this](auto& x) { return fc->forward(x[0]); });
+    return g;
+  }
+
+  std::vector<torch::nn::Conv2d> convs;
+  std::vector<torch::nn::BatchNorm2d> bns;
+  torch::nn::Linear fc{nullptr};
+};
+
+}  // namespace
+
+TEST_CASE("checkpointed_graph: the modelled step peak is the counting allocator's, within 10%") {
+  torch::manual_seed(5);
+  fused_net net(3);
+  net.train();
+  dt::checkpointed_graph g = net.graph(true);
+  const auto x = torch::randn({64, 1, 28, 28});
+  const auto y = torch::randint(10, {64});
+  const auto measured = g.measure(x);
+  // measure() runs every operation's backward to size its workspace, without touching the
+  // parameters' gradients.
+  for (const auto& p : net.parameters())
+    CHECK_FALSE(p.grad().defined());
+  CHECK(measured.workspace(*measured.find("conv1")) > 0);
+  auto step_peak = [&](const dropit::checkpoint::plan& plan) {
+    const auto model = dropit::checkpoint::simulate_step(measured, plan);
+    dt::counting_allocator counter;
+    dt::cpu_allocator_guard install(counter);
+    net.zero_grad();
+    const std::size_t before = counter.reset_peak();
+    auto loss = torch::nn::functional::cross_entropy(g.forward(x), y);
+    const std::size_t held = counter.current_bytes() - before;
+    loss.backward();
+    const std::size_t peak = counter.peak_bytes() - before;
+    INFO(plan.checkpoints.size() << " kept, " << plan.compressed.size() << " compressed; held "
+                                 << held << " B (model " << model.stored << "), peak " << peak
+                                 << " B (model " << model.peak << ")");
+    CHECK(std::abs(static_cast<double>(held) / static_cast<double>(model.stored) - 1.0) <= 0.02);
+    CHECK(std::abs(static_cast<double>(peak) / static_cast<double>(model.peak) - 1.0) <= 0.10);
+  };
+  SUBCASE("everything kept") {
+    std::vector<vertex> all;
+    for (vertex v = 1; v + 1 < g.size(); ++v)
+      all.push_back(v);
+    step_peak(g.use_checkpoints(x, all));
+  }
+  const auto f = g.frontier(x);
+  REQUIRE(f.points.size() >= 3);
+  SUBCASE("the least memory (recomputes and compresses)") {
+    const auto& plan = g.plan_budget(x, f.points.front().memory);
+    REQUIRE_FALSE(plan.segments.empty());
+    step_peak(plan);
+  }
+  SUBCASE("the middle of the frontier") {
+    step_peak(g.plan_budget(x, f.points[f.points.size() / 2].memory));
+  }
+  SUBCASE("a step budget: the fastest frontier plan whose modelled peak fits") {
+    std::vector<vertex> all;
+    for (vertex v = 1; v + 1 < g.size(); ++v)
+      all.push_back(v);
+    const auto plain = dropit::checkpoint::simulate_step(measured, g.use_checkpoints(x, all)).peak;
+    const auto budget = plain * 3 / 4;
+    const auto& plan = g.plan_step_budget(x, budget);
+    CHECK(dropit::checkpoint::simulate_step(measured, plan).peak <= budget);
+    step_peak(plan);
+  }
 }

@@ -105,9 +105,16 @@ class checkpointed_graph {
    * its operation's, both measured by running the model `runs` times without autograd (the best
    * time of the runs). A vertex declared with `allow_sparse` also offers one storage option,
    * named after its policy (e.g. "mink 0.9"): the bytes of its pack and the best pack + restore
-   * time. `checkpoint::solve` ignores times and options.
+   * time. `checkpoint::solve` ignores times and options. Each vertex's backward workspace
+   * (`checkpoint::graph::set_workspace`, used by `checkpoint::simulate_step`) is measured by
+   * running its operation once more with autograd and its backward under a probe counting
+   * allocator: the peak less its inputs' gradients (the last timing run keeps every tensor of
+   * the graph for it, as a plain forward does). The parameters' gradients are computed with
+   * `torch::autograd::grad`, so their `.grad` stay untouched; an installed `counting_allocator`
+   * does not see the probe's short-lived blocks.
    * @throw dropit::error if the graph has only its input, `runs` is 0, the output is declared
-   * sparse, an operation throws, or a sparse vertex's tensor cannot be packed.
+   * sparse, an operation (or its backward) throws, a sparse vertex's tensor cannot be packed, or
+   * the probe cannot be installed (LibTorch keeps another CPU allocator: `cpu_allocator_guard`).
    */
   [[nodiscard]] checkpoint::graph measure(const at::Tensor& example, std::size_t runs = 1) const;
 
@@ -135,6 +142,18 @@ class checkpointed_graph {
    */
   const checkpoint::plan& plan_budget(const at::Tensor& example, checkpoint::cost_t budget,
                                       const checkpoint::budget_options& options = {});
+
+  /**
+   * @brief As `plan_budget`, but `budget` bounds the step's modelled peak
+   * (`checkpoint::simulate_step`: forward and backward, gradients and recomputations included)
+   * instead of the planner's memory: the fastest frontier plan that fits
+   * (`checkpoint::solve_step_budget`, a heuristic). Build the graph with one vertex per tensor
+   * autograd keeps (e.g. a batch norm and its ReLU as one vertex) for the model to hold.
+   * @throw dropit::error as `measure`, or if no frontier plan fits (the message gives the least
+   * modelled peak)
+   */
+  const checkpoint::plan& plan_step_budget(const at::Tensor& example, checkpoint::cost_t budget,
+                                           const checkpoint::budget_options& options = {});
 
   /**
    * @brief The (memory, extra time) Pareto frontier of the model measured on `example`
@@ -203,6 +222,8 @@ class checkpointed_graph {
   }
   void make_groups();
   at::Tensor run_group(const group& gr, const std::vector<at::Tensor>& entries) const;
+  // Each operation's backward workspace, run on `values` (every vertex's tensor).
+  std::vector<std::size_t> measure_workspace(const std::vector<at::Tensor>& values) const;
 
   std::vector<std::string> names_;
   std::vector<std::vector<vertex>> inputs_;

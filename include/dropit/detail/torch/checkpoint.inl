@@ -1,12 +1,14 @@
 // Implementation of dropit::torch::checkpointed_graph (torch/checkpoint.hpp).
 #pragma once
 
+#include <dropit/torch/counting_allocator.hpp>
 #include <dropit/torch/packed.hpp>
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <algorithm>
 #include <chrono>
@@ -168,6 +170,27 @@ inline std::optional<policy> checkpointed_graph::sparse_policy(vertex v) const {
 }
 
 namespace detail {
+/// The tensors whose gradients autograd accumulates in the graph that computed `out` (its leaves
+/// that require grad: the parameters an operation read).
+inline std::vector<at::Tensor> parameters_of(const at::Tensor& out) {
+  std::vector<at::Tensor> found;
+  std::vector<::torch::autograd::Node*> stack, seen;
+  if (out.grad_fn()) stack.push_back(out.grad_fn().get());
+  while (!stack.empty()) {
+    ::torch::autograd::Node* n = stack.back();
+    stack.pop_back();
+    if (std::find(seen.begin(), seen.end(), n) != seen.end()) continue;
+    seen.push_back(n);
+    if (const auto* acc = dynamic_cast<const ::torch::autograd::AccumulateGrad*>(n)) {
+      found.push_back(acc->variable);
+      continue;
+    }
+    for (const ::torch::autograd::Edge& e : n->next_edges())
+      if (e.function) stack.push_back(e.function.get());
+  }
+  return found;
+}
+
 /// For each vertex, the last vertex that reads it (itself if none does).
 inline std::vector<std::size_t> last_uses(const std::vector<std::vector<std::size_t>>& inputs) {
   std::vector<std::size_t> last(inputs.size());
@@ -209,12 +232,15 @@ inline checkpoint::graph checkpointed_graph::measure(const at::Tensor& example,
   std::vector<double> op_time(size(), inf), pack_time(size(), inf);
   std::vector<std::size_t> bytes(size(), 0), pack_bytes(size(), 0);
   bytes[0] = example.nbytes();
+  // The last run keeps every tensor: the workspace pass below reads them.
+  const std::vector<std::size_t> keep_all(size(), size());
+  std::vector<at::Tensor> values(size());
   for (std::size_t run = 0; run < runs; ++run) {
-    std::vector<at::Tensor> values(size());
+    std::fill(values.begin(), values.end(), at::Tensor());
     values[0] = example;
     for (vertex v = 1; v < size(); ++v) {
       const auto t0 = clock::now();
-      detail::compute_vertex(v, inputs_, ops_, last, values);
+      detail::compute_vertex(v, inputs_, ops_, run + 1 == runs ? keep_all : last, values);
       op_time[v] = std::min(op_time[v], std::chrono::duration<double>(clock::now() - t0).count());
       bytes[v] = values[v].nbytes();
       if (!sparse_[v]) continue;
@@ -226,11 +252,14 @@ inline checkpoint::graph checkpointed_graph::measure(const at::Tensor& example,
       pack_bytes[v] = p.bytes();
     }
   }
+  const std::vector<std::size_t> workspace = measure_workspace(values);
+  values.clear();
   checkpoint::graph g;
   g.add_vertex(names_[0], static_cast<checkpoint::cost_t>(bytes[0]));
   for (vertex v = 1; v < size(); ++v) {
     g.add_vertex(names_[v], static_cast<checkpoint::cost_t>(bytes[v]));
     g.set_time(v, op_time[v]);
+    g.set_workspace(v, static_cast<checkpoint::cost_t>(workspace[v]));
     if (sparse_[v]) {
       g.add_storage(v, {detail::option_name(*sparse_[v]),
                         static_cast<checkpoint::cost_t>(pack_bytes[v]), pack_time[v]});
@@ -241,6 +270,67 @@ inline checkpoint::graph checkpointed_graph::measure(const at::Tensor& example,
   g.set_source(vertex{0});
   g.set_target(size() - 1);
   return g;
+}
+
+inline std::vector<std::size_t> checkpointed_graph::measure_workspace(
+    const std::vector<at::Tensor>& values) const {
+  // Each operation once more with autograd, its backward counted by a probe allocator (beside
+  // an installed counting allocator, which then does not see these short-lived blocks).
+  c10::Allocator* base = c10::GetCPUAllocator();
+  if (const auto* counting = dynamic_cast<const counting_allocator*>(base))
+    base = counting->inner();
+  counting_allocator probe(base);
+  const cpu_allocator_guard install(probe);
+  const at::AutoGradMode grad(true);
+  std::vector<std::size_t> workspace(size(), 0);
+  for (vertex v = 1; v < size(); ++v) {
+    std::vector<at::Tensor> args;
+    std::vector<at::Tensor> leaves;  // one per distinct input vertex that gets a gradient
+    std::vector<vertex> seen;
+    for (vertex u : inputs_[v]) {
+      at::Tensor a = values[u].detach();
+      if (u != input() && a.is_floating_point()) {
+        const auto it = std::find(seen.begin(), seen.end(), u);
+        if (it != seen.end()) {
+          a = leaves[static_cast<std::size_t>(it - seen.begin())];
+        } else {
+          a.requires_grad_(true);
+          seen.push_back(u);
+          leaves.push_back(a);
+        }
+      }
+      args.push_back(a);
+    }
+    const at::Tensor out = ops_[v](args);
+    if (!out.requires_grad()) continue;
+    // The gradients of the inputs and of the parameters the operation reads (found as the
+    // AccumulateGrad nodes of its graph), returned rather than accumulated: the parameters'
+    // `.grad` stay untouched.
+    ::torch::autograd::variable_list wrt = leaves;
+    for (const at::Tensor& p : detail::parameters_of(out))
+      if (std::none_of(wrt.begin(), wrt.end(), [&](const at::Tensor& w) { return w.is_same(p); }))
+        wrt.push_back(p);
+    const at::Tensor grad_out = at::ones_like(out);
+    const std::size_t before = probe.reset_peak();
+    std::size_t grads = 0;
+    {
+      const auto got = ::torch::autograd::grad({out}, wrt, {grad_out}, false, false, true);
+      // An input's gradient the operation produced without a new buffer (a residual addition
+      // passes its output gradient through) is not memory of its own: distinct storages only,
+      // and not the output gradient's.
+      std::vector<const void*> storages{grad_out.storage().data()};
+      for (std::size_t i = 0; i < leaves.size(); ++i) {
+        if (!got[i].defined()) continue;
+        const void* data = got[i].storage().data();
+        if (std::find(storages.begin(), storages.end(), data) != storages.end()) continue;
+        storages.push_back(data);
+        grads += got[i].storage().nbytes();
+      }
+    }
+    const std::size_t used = probe.peak_bytes() - before;
+    workspace[v] = used > grads ? used - grads : 0;
+  }
+  return workspace;
 }
 
 inline const checkpoint::plan& checkpointed_graph::plan(const at::Tensor& example) {
@@ -261,6 +351,15 @@ inline const checkpoint::plan& checkpointed_graph::plan_budget(
     const checkpoint::budget_options& options) {
   plan_.reset();
   plan_ = checkpoint::solve_budget(measure(example, 3), budget, options);
+  make_groups();
+  return *plan_;
+}
+
+inline const checkpoint::plan& checkpointed_graph::plan_step_budget(
+    const at::Tensor& example, checkpoint::cost_t budget,
+    const checkpoint::budget_options& options) {
+  plan_.reset();
+  plan_ = checkpoint::solve_step_budget(measure(example, 3), budget, options);
   make_groups();
   return *plan_;
 }
