@@ -22,7 +22,12 @@
 // gradients are the plain run's).
 //
 // --fuse: each batch norm and the ReLU after it (with the residual addition between them) are one
-// vertex of the graph, so that the graph's tensors are those autograd keeps.
+// vertex of the graph, so that the graph's tensors are those autograd keeps. Every run then also
+// prints its step peak modelled by `checkpoint::simulate_step` and exits 1 if the measured peak is
+// more than 10% off it.
+//
+// --step-budget: the budgets bound the modelled step peak (`plan_step_budget`), not the planner's
+// memory (`plan_budget`); exits 1 if a run's modelled peak is over its budget.
 #include <dropit/torch/checkpoint.hpp>
 #include <dropit/torch/counting_allocator.hpp>
 
@@ -197,6 +202,7 @@ struct options {
   std::vector<double> budgets_mib;  // --budget: one run per budget (planner v2)
   bool recompute_only = false;      // --recompute-only: no tensor declared sparse
   bool fused = false;               // --fuse: batch norm + ReLU vertices (resnet::graph)
+  bool step_budget = false;         // --step-budget: budgets bound the modelled step peak
   int epochs = 1;
   std::int64_t limit = 12000, batch = 128, width = 16, threads = 2;
   double lr = 0.01, min_accuracy = 0.0;
@@ -214,6 +220,8 @@ struct run_result {
   // Planner v2 runs (--budget): the budget, what the plan stores between forward and backward
   // (kept + compressed) and its largest segment, its tensors by decision, its extra time.
   double budget_mib = 0, stored_mib = 0, segment_mib = 0, extra_ms = 0;
+  // The step peak `checkpoint::simulate_step` models for the run's plan (all kept when plain).
+  double model_peak_mib = 0;
   std::size_t compressed = 0, dropped = 0;
 };
 
@@ -236,16 +244,28 @@ struct run {
         g(net->graph(budget_mib >= 0 ? sparse_policy(o) : std::nullopt, o.fused)),
         opt(net->parameters(), torch::optim::SGDOptions(o.lr).momentum(0.9)) {
     r.mode = planned ? "planned" : "plain";
-    r.regular_mib = mib(g.measure(example).total_cost());
+    const auto measured = g.measure(example);
+    r.regular_mib = mib(measured.total_cost());
     r.predicted_mib = r.regular_mib;
+    {
+      // The plain run in the step model: every vertex kept, every node a plain autograd op.
+      std::vector<vertex> all;
+      for (vertex v = 1; v + 1 < g.size(); ++v)
+        all.push_back(v);
+      r.model_peak_mib = mib(
+          dropit::checkpoint::simulate_step(measured, dropit::checkpoint::evaluate(measured, all))
+              .peak);
+    }
     if (budget_mib >= 0) {
       char name[48];
       std::snprintf(name, sizeof name, "budget %.1f MiB", budget_mib);
       r.mode = name;
       r.budget_mib = budget_mib;
-      const auto& plan = g.plan_budget(
-          example, static_cast<dropit::checkpoint::cost_t>(budget_mib * 1024.0 * 1024.0));
+      const auto bytes = static_cast<dropit::checkpoint::cost_t>(budget_mib * 1024.0 * 1024.0);
+      const auto& plan =
+          o.step_budget ? g.plan_step_budget(example, bytes) : g.plan_budget(example, bytes);
       r.predicted_mib = mib(plan.cost);
+      r.model_peak_mib = mib(dropit::checkpoint::simulate_step(measured, plan).peak);
       r.stored_mib = mib(plan.checkpoint_cost + plan.compressed_cost);
       r.segment_mib = mib(plan.max_segment_cost);
       r.checkpoints = plan.checkpoints.size();
@@ -255,9 +275,10 @@ struct run {
       r.extra_ms = plan.extra_time * 1e3;
       std::printf(
           "plan for %.1f MiB: %zu kept, %zu compressed, %zu recomputed of %zu tensors; planned "
-          "%.1f MiB (stored %.1f + largest segment %.1f), extra time %.1f ms\n",
+          "%.1f MiB (stored %.1f + largest segment %.1f), modelled step peak %.1f MiB, extra "
+          "time %.1f ms\n",
           budget_mib, r.checkpoints, r.compressed, r.dropped, g.size(), r.predicted_mib,
-          r.stored_mib, r.segment_mib, r.extra_ms);
+          r.stored_mib, r.segment_mib, r.model_peak_mib, r.extra_ms);
       return;
     }
     if (!planned) return;
@@ -433,6 +454,8 @@ options parse(int argc, char** argv) {
       o.recompute_only = true;
     else if (a == "--fuse")
       o.fused = true;
+    else if (a == "--step-budget")
+      o.step_budget = true;
     else if (a == "--budget") {
       const std::string list = next();
       std::size_t at = 0;
@@ -453,7 +476,8 @@ options parse(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: checkpoint_train [--epochs E] [--limit N] [--batch-size B] [--width C] "
                    "[--lr LR] [--seed S] [--threads T] [--data DIR] [--csv FILE] "
-                   "[--min-accuracy P] [--budget MiB[,MiB...]] [--recompute-only] [--fuse]\n");
+                   "[--min-accuracy P] [--budget MiB[,MiB...]] [--recompute-only] [--fuse] "
+                   "[--step-budget]\n");
       std::exit(a == "--help" ? 0 : 2);
     }
   }
@@ -481,20 +505,24 @@ int budget_main(const options& o, const fmnist::split& tr, const fmnist::split& 
   const auto& base = runs[0];
   std::printf(
       "\n| run | kept / compressed / recomputed | planned MiB (stored + segment) | held fwd->bwd "
-      "MiB | held vs stored | step peak MiB | peak vs planned | planned extra ms | step ms | "
-      "time vs plain | test acc (%%) |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "MiB | held vs stored | step peak MiB | peak vs planned | modelled peak MiB | peak vs "
+      "modelled | planned extra ms | step ms | time vs plain | test acc (%%) |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const auto& r : runs) {
     const bool plain = r.budget_mib <= 0;
     std::printf("| %s | ", r.mode.c_str());
     if (plain)
-      std::printf("all kept | %.1f (regular) | %.1f | | %.1f | %.2fx | | ", r.regular_mib,
-                  mib(r.held), mib(r.step_peak), mib(r.step_peak) / r.regular_mib);
+      std::printf("all kept | %.1f (regular) | %.1f | | %.1f | %.2fx | %.1f | %.2fx | | ",
+                  r.regular_mib, mib(r.held), mib(r.step_peak), mib(r.step_peak) / r.regular_mib,
+                  r.model_peak_mib, mib(r.step_peak) / r.model_peak_mib);
     else
-      std::printf("%zu / %zu / %zu | %.1f (%.1f + %.1f) | %.1f | %.2fx | %.1f | %.2fx | %.1f | ",
-                  r.checkpoints, r.compressed, r.dropped, r.predicted_mib, r.stored_mib,
-                  r.segment_mib, mib(r.held), mib(r.held) / r.stored_mib, mib(r.step_peak),
-                  mib(r.step_peak) / r.predicted_mib, r.extra_ms);
+      std::printf(
+          "%zu / %zu / %zu | %.1f (%.1f + %.1f) | %.1f | %.2fx | %.1f | %.2fx | %.1f | %.2fx | "
+          "%.1f | ",
+          r.checkpoints, r.compressed, r.dropped, r.predicted_mib, r.stored_mib, r.segment_mib,
+          mib(r.held), mib(r.held) / r.stored_mib, mib(r.step_peak),
+          mib(r.step_peak) / r.predicted_mib, r.model_peak_mib, mib(r.step_peak) / r.model_peak_mib,
+          r.extra_ms);
     std::printf("%.1f | %+.0f%% | %.2f |\n", r.step_ms, 100.0 * (r.step_ms / base.step_ms - 1.0),
                 r.accuracy);
   }
@@ -502,13 +530,15 @@ int budget_main(const options& o, const fmnist::split& tr, const fmnist::split& 
     const std::string date = today();
     std::ofstream f(o.csv);
     f << "mode,budget_mib,kept,compressed,recomputed,planned_mib,stored_mib,segment_mib,held_mib,"
-         "step_peak_mib,peak_vs_planned,planned_extra_ms,step_ms,test_accuracy,date,command\n";
+         "step_peak_mib,peak_vs_planned,model_peak_mib,peak_vs_model,planned_extra_ms,step_ms,"
+         "test_accuracy,date,command\n";
     for (const auto& r : runs) {
       const bool plain = r.budget_mib <= 0;
       f << '"' << r.mode << "\"," << r.budget_mib << ',' << r.checkpoints << ',' << r.compressed
         << ',' << r.dropped << ',' << (plain ? r.regular_mib : r.predicted_mib) << ','
         << r.stored_mib << ',' << r.segment_mib << ',' << mib(r.held) << ',' << mib(r.step_peak)
-        << ',' << mib(r.step_peak) / (plain ? r.regular_mib : r.predicted_mib) << ',' << r.extra_ms
+        << ',' << mib(r.step_peak) / (plain ? r.regular_mib : r.predicted_mib) << ','
+        << r.model_peak_mib << ',' << mib(r.step_peak) / r.model_peak_mib << ',' << r.extra_ms
         << ',' << r.step_ms << ',' << r.accuracy << ',' << date << ",\"" << o.command << "\"\n";
     }
   }
@@ -535,6 +565,21 @@ int budget_main(const options& o, const fmnist::split& tr, const fmnist::split& 
                    "checkpoint_train: the %s run (--fuse) held %.2f MiB after forward, less than "
                    "the %.2f MiB its plan stores\n",
                    r.mode.c_str(), mib(r.held), r.stored_mib);
+      ok = false;
+    }
+    // With --fuse the graph is the one the step model assumes: its modelled peak (the budget's
+    // meaning with --step-budget) is checked against the counting allocator's.
+    if (o.fused && !(std::abs(mib(r.step_peak) / r.model_peak_mib - 1.0) <= 0.10)) {
+      std::fprintf(stderr,
+                   "checkpoint_train: the %s run (--fuse) peaked at %.2f MiB, more than 10%% off "
+                   "its modelled step peak of %.2f MiB\n",
+                   r.mode.c_str(), mib(r.step_peak), r.model_peak_mib);
+      ok = false;
+    }
+    if (o.step_budget && r.budget_mib > 0 && !(r.model_peak_mib <= r.budget_mib)) {
+      std::fprintf(
+          stderr, "checkpoint_train: the %s run's modelled step peak %.2f MiB is over its budget\n",
+          r.mode.c_str(), r.model_peak_mib);
       ok = false;
     }
     if (r.compressed == 0 && !(std::abs(r.accuracy - base.accuracy) < 1.0)) {
