@@ -227,6 +227,8 @@ DROPIT_HD void decode_chunk(const std::uint8_t* codes, const float* scales, std:
       const auto code = static_cast<std::int8_t>(codes[i]);
       v = code == int8_nan_code ? bits_to_float(0x7fc00000u)  // NaN
                                 : mul_rn(static_cast<float>(code), s);
+    } else if ((codes[i] & 0x7fu) == e4m3_nan_code) {
+      v = e4m3_decode(codes[i]);  // as it is: a GPU's product would give its canonical NaN
     } else {
       v = mul_rn(e4m3_decode(codes[i]), s);
     }
