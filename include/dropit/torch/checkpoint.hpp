@@ -32,6 +32,7 @@
 #pragma once
 
 #include <dropit/checkpoint.hpp>
+#include <dropit/detail/checkpoint/groups.hpp>
 #include <dropit/error.hpp>
 #include <dropit/torch/policy.hpp>
 
@@ -209,11 +210,8 @@ class checkpointed_graph {
   [[nodiscard]] static bool replaying() noexcept { return replaying_flag(); }
 
  private:
-  struct group {
-    vertex exit;                  // a checkpoint, a compressed vertex or the output
-    std::vector<vertex> inside;   // recomputed vertices, topological order
-    std::vector<vertex> entries;  // kept or compressed vertices (or the input) the group reads
-  };
+  /// A checkpoint, a compressed vertex or the output, with the vertices it recomputes.
+  using group = checkpoint::detail::recompute_group;
   friend struct detail::checkpoint_function;
 
   static bool& replaying_flag() noexcept {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <dropit/detail/checkpoint/budget.inl>  // budget_search, make_dag, tree_builder
+#include <dropit/detail/checkpoint/groups.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -36,35 +37,16 @@ class byte_meter {
   vertex_index at_ = 0;
 };
 
-/// One autograd node of a planned forward: a stored vertex (its exit), the dropped vertices it
-/// recomputes and the stored vertices it reads.
-struct step_group {
-  vertex_index exit = 0;
-  std::vector<vertex_index> inside;   // topological order
-  std::vector<vertex_index> entries;  // stored vertices (or the source) read by the group
-  bool direct = false;                // nothing to recompute or restore: a plain autograd op
-};
-
 }  // namespace detail
 
 inline step_memory simulate_step(const graph& g, const plan& p) {
-  const std::vector<vertex_index> order = g.topological_order();
-  const std::size_t n = g.vertex_count();
+  const detail::dag d = detail::make_dag(g);
+  const std::size_t n = d.n;
   DROPIT_EXPECTS(p.decisions.size() == n, "checkpoint: simulate_step: the plan has ",
                  p.decisions.size(), " decisions for a graph of ", n, " vertices");
   const vertex_index src = g.source(), tgt = g.target();
   DROPIT_EXPECTS(p.decisions[src] == decision::keep && p.decisions[tgt] == decision::keep,
                  "checkpoint: simulate_step: the plan does not keep the source and the target");
-  std::vector<std::size_t> pos(n);
-  for (std::size_t i = 0; i < n; ++i)
-    pos[order[i]] = i;
-  std::vector<std::vector<vertex_index>> in(n);
-  for (const edge& e : g.edges())
-    in[e.to].push_back(e.from);
-  for (auto& v : in) {
-    std::sort(v.begin(), v.end());
-    v.erase(std::unique(v.begin(), v.end()), v.end());
-  }
   // What each vertex occupies between forward and backward: its bytes, its pack, or nothing.
   std::vector<cost_t> held(n, 0);
   std::vector<char> packed(n, 0);
@@ -83,35 +65,19 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
                    "checkpoint: simulate_step: vertex '", g.id(v),
                    "' is compressed without a storage option in the plan");
 
-  // The nodes, in topological order of their exits (the order forward creates them).
-  std::vector<detail::step_group> groups;
-  std::vector<char> seen(n, 0);
-  for (vertex_index v : order) {
-    if (v == src || p.decisions[v] == decision::drop) continue;
-    detail::step_group gr;
-    gr.exit = v;
-    std::fill(seen.begin(), seen.end(), 0);
-    std::vector<vertex_index> stack{v};
-    while (!stack.empty()) {
-      const vertex_index w = stack.back();
-      stack.pop_back();
-      for (vertex_index u : in[w]) {
-        if (seen[u]) continue;
-        seen[u] = 1;
-        if (p.decisions[u] == decision::drop) {
-          gr.inside.push_back(u);
-          stack.push_back(u);
-        } else {
-          gr.entries.push_back(u);
-        }
-      }
-    }
-    const auto by_pos = [&](vertex_index a, vertex_index b) { return pos[a] < pos[b]; };
-    std::sort(gr.inside.begin(), gr.inside.end(), by_pos);
-    gr.direct = gr.inside.empty() && !packed[v] &&
+  // The nodes, in topological order of their exits (the order forward creates them); a direct
+  // node has nothing to recompute or restore: a plain autograd op.
+  std::vector<char> stored(n, 0);
+  for (vertex_index v = 0; v < n; ++v)
+    stored[v] = p.decisions[v] != decision::drop;
+  const std::vector<detail::recompute_group> groups =
+      detail::recompute_groups(d.order, src, stored, [&](vertex_index w) { return d.in(w); });
+  std::vector<char> direct(groups.size(), 0);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const detail::recompute_group& gr = groups[i];
+    direct[i] = gr.inside.empty() && !packed[gr.exit] &&
                 std::none_of(gr.entries.begin(), gr.entries.end(),
                              [&](vertex_index u) { return packed[u] != 0; });
-    groups.push_back(std::move(gr));
   }
   constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
   // A stored tensor is freed after the backward of the last node (in backward order, so the
@@ -120,7 +86,7 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
   for (std::size_t i = 0; i < groups.size(); ++i) {
     for (vertex_index u : groups[i].entries)
       release[u] = std::min(release[u], i);
-    if (groups[i].direct) release[groups[i].exit] = std::min(release[groups[i].exit], i);
+    if (direct[i]) release[groups[i].exit] = std::min(release[groups[i].exit], i);
   }
 
   step_memory m;
@@ -133,7 +99,7 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
     for (vertex_index u : groups[i].entries)
       last_reader[u] = std::max(last_reader[u], i);
   for (std::size_t i = 0; i < groups.size(); ++i) {
-    const detail::step_group& gr = groups[i];
+    const detail::recompute_group& gr = groups[i];
     cost_t transient = 0;
     for (vertex_index w : gr.inside) {
       meter.add(g.cost(w), w);
@@ -149,7 +115,7 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
       if (packed[u] && last_reader[u] == i) meter.remove(g.cost(u));
   }
   // A compressed vertex no node reads (the plan never does this) would stay dense: drop it too.
-  for (const detail::step_group& gr : groups)
+  for (const detail::recompute_group& gr : groups)
     if (packed[gr.exit] && release[gr.exit] == never) meter.remove(g.cost(gr.exit));
   m.stored = meter.now();
   m.forward_peak = meter.peak();
@@ -174,10 +140,10 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
   };
   add_grad(tgt, tgt);
   for (std::size_t i = groups.size(); i-- > 0;) {
-    const detail::step_group& gr = groups[i];
+    const detail::recompute_group& gr = groups[i];
     const vertex_index e = gr.exit;
-    if (gr.direct) {
-      for (vertex_index u : in[e])
+    if (direct[i]) {
+      for (vertex_index u : d.in(e))
         add_grad(u, e);
       workspace(e);
       drop_grad(e);
@@ -193,11 +159,11 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
       for (vertex_index w : gr.inside)
         meter.add(g.cost(w), w);
       meter.add(g.cost(e), e);
-      for (vertex_index u : in[e])
+      for (vertex_index u : d.in(e))
         add_grad(u, e);
       workspace(e);
       for (auto it = gr.inside.rbegin(); it != gr.inside.rend(); ++it) {
-        for (vertex_index u : in[*it])
+        for (vertex_index u : d.in(*it))
           add_grad(u, *it);
         workspace(*it);
         drop_grad(*it);

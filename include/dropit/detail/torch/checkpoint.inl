@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <utility>
 
@@ -394,29 +395,10 @@ inline void checkpointed_graph::make_groups() {
     kept[c.vertex] = 1;
     compressed_[c.vertex] = 1;
   }
-  groups_.clear();
-  std::vector<char> seen(size(), 0);
-  for (vertex v = 1; v < size(); ++v) {
-    if (!kept[v]) continue;
-    group gr{v, {}, {}};
-    // The vertices v depends on without passing a kept vertex; each is computed from the group's
-    // entries. A valid plan gives each recomputed vertex exactly one group.
-    std::fill(seen.begin(), seen.end(), 0);
-    std::vector<vertex> stack{v};
-    while (!stack.empty()) {
-      const vertex w = stack.back();
-      stack.pop_back();
-      for (vertex u : inputs_[w]) {
-        if (seen[u]) continue;
-        seen[u] = 1;
-        (kept[u] ? gr.entries : gr.inside).push_back(u);
-        if (!kept[u]) stack.push_back(u);
-      }
-    }
-    std::sort(gr.inside.begin(), gr.inside.end());
-    std::sort(gr.entries.begin(), gr.entries.end());
-    groups_.push_back(std::move(gr));
-  }
+  std::vector<vertex> order(size());
+  std::iota(order.begin(), order.end(), vertex{0});
+  groups_ = checkpoint::detail::recompute_groups(
+      order, 0, kept, [&](vertex w) -> const std::vector<vertex>& { return inputs_[w]; });
 }
 
 inline at::Tensor checkpointed_graph::run_group(const group& gr,
