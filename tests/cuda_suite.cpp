@@ -9,6 +9,7 @@
 #define DROPIT_EXECUTOR_DECORATOR *DROPIT_DEVICE
 #include "executor_cases.inl"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -16,6 +17,7 @@
 #include <limits>
 #include <map>
 #include <new>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -202,6 +204,42 @@ TEST_CASE_TEMPLATE("every way the device selection resolves gives the host's byt
   CHECK(paths[path_candidates] > 0);
   CHECK(paths[path_single_key] > 0);
   CHECK(paths[path_fallback] > 0);
+}
+
+TEST_CASE_TEMPLATE(
+    "a bucket of one key too full for the resolve buffer is the threshold, with no "
+    "radix pass" *
+        DROPIT_DEVICE,
+    C, DROPIT_DEVICE_CASES) {
+  // 16-bit keys at large n: the k-th key's bucket holds more equal keys than the resolve buffer.
+  // Here: 30,000 copies of 1.0 with 19,000 keys a few ulps above it, the rest a few below, so
+  // the guessed range spans a few hundred keys (one key per bucket) and the 20,000th largest is
+  // 1.0; every candidate fits (capacity n).
+  using T = typename C::type;
+  using namespace dropit::detail;
+  INFO(C::name());
+  test_stream stream;
+  const auto exec = C::exec(stream.get());
+  const std::size_t n = 200000;
+  double ulp = 1.0;  // of T at 1.0
+  while (to_double(from_double<T>(1.0 + ulp / 2)) != 1.0)
+    ulp /= 2;
+  std::vector<T> x;
+  x.reserve(n);
+  for (std::size_t i = 0; i < 19000; ++i)
+    x.push_back(from_double<T>(1.0 + static_cast<double>(1 + i % 400) * ulp));
+  for (std::size_t i = 0; i < 30000; ++i)
+    x.push_back(from_double<T>(i % 2 == 0 ? 1.0 : -1.0));
+  while (x.size() < n)
+    x.push_back(from_double<T>(1.0 - static_cast<double>(1 + x.size() % 400) * ulp / 2));
+  std::mt19937_64 rng(7);
+  std::shuffle(x.begin(), x.end(), rng);
+  const dropit::MinK<0.9> mink;
+  REQUIRE(mink.kept(n) == 20000);
+  const auto o = tuned_pack<T>(mink, x, exec, {.capacity = n});
+  CHECK(o.payload == host_payload<T>(mink, x));
+  CHECK(o.path == path_single_key);
+  CHECK(o.worked == (step_sample | step_count | step_compact));
 }
 
 TEST_CASE_TEMPLATE(

@@ -10,7 +10,8 @@
  * 2. count, one read of x: keys above hi and in [lo, hi]; keys in the range are collected as
  *    candidates and counted into a bucket histogram over [lo, hi]; `select_state::decide` then
  *    picks the next step:
- *    - lo == hi holds the k-th key: the threshold is lo (`path_single_key`);
+ *    - lo == hi holds the k-th key: the threshold is lo (`path_single_key`); so does a bucket
+ *      of one key value (16-bit keys, many ties) too full for the resolve buffer;
  *    - the range holds it and its bucket fits the resolve buffer: `mode_resolve`;
  *    - otherwise (a miss, a candidate overflow, a forced fallback): `mode_fallback`;
  * 3. fallback only: one radix pass over x per key digit (`select_state::advance_radix`);
@@ -44,7 +45,7 @@ enum select_mode : int {
 enum select_path : int {
   path_none = 0,
   path_candidates,  ///< selected among the candidates of one bucket
-  path_single_key,  ///< the guessed range was one key: it is the threshold
+  path_single_key,  ///< the k-th key is known after the count: the range or its bucket is one key
   path_fallback     ///< exact radix select over x
 };
 
@@ -247,6 +248,10 @@ struct select_state {
         mode = mode_resolve;
         bucket = pick.d;
         bucket_rank = r - pick.higher;
+        return;
+      }
+      if (fits && shift == 0) {  // too many for the resolve buffer, but its bucket is one key
+        finish(static_cast<Key>(lo + pick.d), r - pick.higher, path_single_key);
         return;
       }
     }

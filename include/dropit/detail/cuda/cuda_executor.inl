@@ -100,6 +100,14 @@ struct device_steps {
     launch(pol, chunks_of(plan.capacity),
            resolve_fn<Key>{t.ctl, t.cand_key, plan.capacity, t.small});
   }
+  /// The Elias-Fano code's words, when its fast encode ORs bits into them: the fast compact
+  /// kernel zeroes them first (the portable encode writes whole words).
+  [[nodiscard]] std::uint64_t* ef_clear() const noexcept {
+    if (l.positions != position_encoding::elias_fano || !launch.fast ||
+        !fast_kernel<ef_encode_fn>::exists)
+      return nullptr;
+    return reinterpret_cast<std::uint64_t*>(payload + l.positions_offset);
+  }
   void compact() {
     const bool ef = l.positions == position_encoding::elias_fano;
     const bool index_list = l.positions != position_encoding::bitmask && !ef;
@@ -111,34 +119,8 @@ struct device_steps {
            compact_fn<P, T, Key>{policy, x, l.n, l.blocks(), t.ctl, t.cells, t.stage, t.stage_at,
                                  t.ge_words, payload, padding_of(l), values,
                                  index_list ? nullptr : positions, index_list ? nullptr : offsets,
-                                 index_list ? positions : nullptr});
-  }
-};
-
-/// The body that encodes Elias-Fano block b from a bitmask and its block offsets.
-struct ef_encode_fn {
-  ef_shape s;
-  const std::uint32_t* words;
-  const std::uint32_t* counts;
-  std::uint64_t* low;
-  std::uint64_t* high;
-  std::uint32_t* ef_offsets;
-  DROPIT_HD void operator()(std::size_t b) const {
-    ef_encode_block(s, words, counts, b, low, high, ef_offsets);
-  }
-};
-
-/// The body that decodes Elias-Fano block b into a bitmask and its block offsets.
-struct ef_decode_fn {
-  ef_shape s;
-  const std::uint64_t* low;
-  const std::uint64_t* high;
-  const std::uint32_t* ef_offsets;
-  std::uint32_t* words;
-  std::uint32_t* counts;
-  DROPIT_HD void operator()(std::size_t b) const {
-    ef_decode_block(s, low, high, ef_offsets, b, words + b * ef_block_words,
-                    counts + b * ef_sub_blocks);
+                                 index_list ? positions : nullptr, ef_clear(),
+                                 ef_clear() != nullptr ? l.low_words() + l.high_words() : 0});
   }
 };
 

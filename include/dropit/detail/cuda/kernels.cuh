@@ -1,11 +1,12 @@
 /**
  * @file kernels.cuh
- * @brief The fast path: kernels only nvcc compiles, for the pack steps that do work on a hit
- * (sample, count, resolve, compact) and for restore. One warp takes a block of 1024 (lane j reads
- * element 32 i + j of word i, so loads and stores coalesce; a ballot is a word), a block's serial
- * step runs on the last CTA with CUB block scans. Each kernel takes the portable body's fields
- * (portable.hpp) as its parameters and leaves the control block and the payload as that body
- * does: the same bytes. The fallback's radix passes run the portable bodies on both paths.
+ * @brief The fast path: kernels only nvcc compiles, for every pack step (sample, count, the
+ * fallback's radix passes, resolve, compact, the Elias-Fano encode) and for restore. One warp takes
+ * a block of 1024 (lane j reads element 32 i + j of word i, so loads and stores coalesce; a ballot
+ * is a word), a block's serial step runs on the last CTA with CUB block scans. Each kernel takes
+ * the portable body's fields (portable.hpp) as its parameters and leaves the control block and the
+ * payload as that body does: the same bytes. The Elias-Fano encode and decode have theirs (the
+ * encode ORs bits into words the compact kernel zeroed).
  */
 #pragma once
 
@@ -89,58 +90,104 @@ __device__ __forceinline__ bool last_cta(unsigned* done) {
   return last;
 }
 
-/// Sorts keys[0, size) (size a power of two) descending in shared memory: a bitonic network.
+/**
+ * The r-th largest (0-based) of keys[0, m) in shared memory, found by the CTA: an MSD radix
+ * select, one byte a pass (a shared histogram of the keys that match the digits chosen so far,
+ * one atomic per distinct digit of a warp; warp 0 finds the digit that holds rank r).
+ * @pre r < m; every thread of the CTA calls it
+ */
 template <class Key>
-__device__ void block_sort_descending(Key* keys, unsigned size) {
-  for (unsigned k = 2; k <= size; k <<= 1) {
-    for (unsigned j = k >> 1; j > 0; j >>= 1) {
-      for (unsigned i = threadIdx.x; i < size; i += blockDim.x) {
-        const unsigned partner = i ^ j;
-        if (partner > i) {
-          const Key a = keys[i], b = keys[partner];
-          if ((i & k) == 0 ? a < b : a > b) {
-            keys[i] = b;
-            keys[partner] = a;
+__device__ Key block_select_descending(const Key* keys, std::size_t m, std::size_t r) {
+  __shared__ unsigned bins[256];
+  __shared__ Key chosen;
+  __shared__ unsigned long long chosen_rank;
+  Key prefix = 0, mask = 0;
+  for (int shift = static_cast<int>(sizeof(Key)) * 8 - 8; shift >= 0; shift -= 8) {
+    for (unsigned d = threadIdx.x; d < 256; d += blockDim.x)
+      bins[d] = 0;
+    __syncthreads();
+    for (std::size_t i0 = 0; i0 < m; i0 += blockDim.x) {  // uniform trip count: whole warps
+      const std::size_t i = i0 + threadIdx.x;
+      const Key key = i < m ? keys[i] : Key{0};
+      const bool in = i < m && (key & mask) == prefix;
+      const unsigned digit = in ? static_cast<unsigned>(key >> shift) & 255u : 256u;
+      const unsigned same = __match_any_sync(full_warp, digit);
+      if (in && (same & lanes_below()) == 0) atomicAdd(&bins[digit], __popc(same));
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {  // lane L holds digits 255 - 8 L - j, j < 8 (the top ones in lane 0)
+      const unsigned lane = threadIdx.x;
+      unsigned h[8];
+      unsigned sum = 0;
+#pragma unroll
+      for (unsigned j = 0; j < 8; ++j) {
+        h[j] = bins[255 - 8 * lane - j];
+        sum += h[j];
+      }
+      unsigned long long above = warp_inclusive_sum(sum) - sum;
+      if (above <= r && r < above + sum) {
+        for (unsigned j = 0; j < 8; ++j) {
+          if (r < above + h[j]) {
+            chosen = static_cast<Key>(
+                prefix | static_cast<Key>(static_cast<Key>(255 - 8 * lane - j) << shift));
+            chosen_rank = r - above;
+            break;
           }
+          above += h[j];
         }
       }
-      __syncthreads();
     }
+    __syncthreads();
+    prefix = chosen;
+    r = static_cast<std::size_t>(chosen_rank);
+    mask = static_cast<Key>(mask | static_cast<Key>(static_cast<Key>(255) << shift));
+    __syncthreads();  // every thread has read `chosen` before the next pass may write it
   }
-}
-
-/// The smallest power of two >= n (n >= 1).
-__device__ __forceinline__ unsigned pow2_at_least(std::size_t n) {
-  unsigned p = 1;
-  while (p < n)
-    p <<= 1;
-  return p;
+  return prefix;
 }
 
 // ---- pack -------------------------------------------------------------------------------------
 
 inline constexpr int sample_threads = 1024;
 
-/// Step 1 on one CTA: the sampled keys, sorted in shared memory (padding keys 0 sort last and
-/// leave the ranks below `samples` as they are); thread 0 builds the control block.
+/// Step 1 on one CTA: the sampled keys in shared memory, their lo_rank-th and hi_rank-th largest
+/// by radix select; thread 0 builds the control block.
 template <class P, class T, class Key>
 __global__ void __launch_bounds__(sample_threads) sample_kernel(sample_fn<P, T, Key> f) {
   __shared__ Key keys[max_samples<Key>];
   const std::size_t s = f.setup.samples;
-  const unsigned size = pow2_at_least(s);
-  for (unsigned j = threadIdx.x; j < size; j += blockDim.x) {
-    if (j < s) {
-      const std::size_t i = sample_position(j, f.setup.n, s);
-      keys[j] = f.policy.key(f.x[i], i);
-    } else {
-      keys[j] = Key{0};
-    }
+  // Every load in flight at once (a gather: one DRAM round trip instead of one per key).
+  constexpr unsigned per = (max_samples<Key> + sample_threads - 1) / sample_threads;
+  T v[per];
+  std::size_t at[per];
+#pragma unroll
+  for (unsigned u = 0; u < per; ++u) {
+    const std::size_t j = threadIdx.x + std::size_t{u} * sample_threads;
+    at[u] = j < s ? sample_position(j, f.setup.n, s) : 0;
+    if (j < s) v[u] = f.x[at[u]];
+  }
+#pragma unroll
+  for (unsigned u = 0; u < per; ++u) {
+    const std::size_t j = threadIdx.x + std::size_t{u} * sample_threads;
+    if (j < s) keys[j] = f.policy.key(v[u], at[u]);
   }
   for (unsigned d = threadIdx.x; d < histogram_bins; d += blockDim.x)
     f.hist[d] = 0;
   __syncthreads();
-  block_sort_descending(keys, size);
-  if (threadIdx.x == 0) setup_ctl(f.ctl, f.setup, keys);
+  // Only the lo_rank-th and hi_rank-th largest are needed: two radix selects, then those two
+  // keys go to their places in the (otherwise unordered) sample for setup_ctl.
+  const long long lo = f.setup.lo_rank, hi = f.setup.hi_rank;
+  const bool has_lo = lo < static_cast<long long>(s), has_hi = hi >= 0;
+  const Key lo_key =
+      has_lo ? block_select_descending(keys, s, static_cast<std::size_t>(lo)) : Key{0};
+  const Key hi_key =
+      has_hi ? block_select_descending(keys, s, static_cast<std::size_t>(hi)) : Key{0};
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (has_lo) keys[lo] = lo_key;
+    if (has_hi) keys[hi] = hi_key;
+    setup_ctl(f.ctl, f.setup, keys);
+  }
 }
 
 /// The bucket of the candidate histogram that holds rank r (from the top), found by the CTA:
@@ -301,8 +348,42 @@ __global__ void __launch_bounds__(fast_threads) count_kernel(count_fn<P, T, Key>
   }
 }
 
+/// Step 3 (fallback only), grid-stride over x: one radix pass's histogram per CTA in shared
+/// memory (one atomic per distinct digit of a warp), added to the global one; the last CTA
+/// advances the state and clears the histogram.
+template <class P, class T, class Key>
+__global__ void __launch_bounds__(fast_threads) radix_kernel(radix_fn<P, T, Key> f) {
+  __shared__ unsigned bins[radix_bins];
+  select_ctl<Key>* ctl = f.ctl;
+  if (ctl->mode != mode_fallback) return;
+  const radix_state<Key> s = ctl->state;
+  for (unsigned d = threadIdx.x; d < radix_bins; d += blockDim.x)
+    bins[d] = 0;
+  __syncthreads();
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i0 = static_cast<std::size_t>(blockIdx.x) * blockDim.x; i0 < f.n;
+       i0 += stride) {  // whole warps in every round
+    const std::size_t i = i0 + threadIdx.x;
+    unsigned digit = radix_bins;
+    if (i < f.n) {
+      const Key key = f.policy.key(f.x[i], i);
+      if (s.matches(key)) digit = static_cast<unsigned>(s.digit(key));
+    }
+    const unsigned same = __match_any_sync(full_warp, digit);
+    if (digit < radix_bins && (same & lanes_below()) == 0) atomicAdd(&bins[digit], __popc(same));
+  }
+  __syncthreads();
+  for (unsigned d = threadIdx.x; d < radix_bins; d += blockDim.x)
+    if (bins[d] != 0) atomicAdd(&f.hist[d], static_cast<unsigned long long>(bins[d]));
+  if (!last_cta(&ctl->done)) return;
+  if (threadIdx.x == 0) ctl->advance_radix(f.hist);
+  __syncthreads();
+  for (unsigned d = threadIdx.x; d < radix_bins; d += blockDim.x)
+    f.hist[d] = 0;
+}
+
 /// Step 4, grid-stride over the candidate slots: the chosen bucket's keys into the small buffer;
-/// the last CTA sorts them in shared memory and sets the threshold.
+/// the last CTA selects the threshold among them in shared memory.
 template <class Key>
 __global__ void __launch_bounds__(fast_threads) resolve_kernel(resolve_fn<Key> f) {
   __shared__ Key keys[max_samples<Key>];
@@ -320,16 +401,15 @@ __global__ void __launch_bounds__(fast_threads) resolve_kernel(resolve_fn<Key> f
   }
   if (!last_cta(&ctl->done)) return;
   const auto m = static_cast<std::size_t>(atomic_load(&ctl->small_count));
-  const unsigned size = pow2_at_least(m);
-  for (unsigned i = threadIdx.x; i < size; i += blockDim.x)
-    keys[i] = i < m ? f.small[i] : Key{0};
+  for (std::size_t i = threadIdx.x; i < m; i += blockDim.x)
+    keys[i] = f.small[i];
   if (threadIdx.x == 0) greater = 0;
   __syncthreads();
-  block_sort_descending(keys, size);
+  // t is the bucket_rank-th largest key; `greater` counts the keys above it.
   const std::size_t rank = ctl->bucket_rank;
-  const Key t = keys[rank - 1];
+  const Key t = block_select_descending(keys, m, rank - 1);
   unsigned mine = 0;
-  for (std::size_t i = threadIdx.x; i + 1 < rank; i += blockDim.x)
+  for (std::size_t i = threadIdx.x; i < m; i += blockDim.x)
     mine += keys[i] > t ? 1u : 0u;
   if (mine != 0) atomicAdd(&greater, mine);
   __syncthreads();
@@ -337,6 +417,48 @@ __global__ void __launch_bounds__(fast_threads) resolve_kernel(resolve_fn<Key> f
     ctl->finish(t, rank - greater, path_candidates);
     ctl->worked |= step_resolve;
   }
+}
+
+/**
+ * `lookback_resolve` by a whole warp: lane i reads the flag of block b - 1 - i (of each window of
+ * 32 blocks), so the walk back over blocks that have only published their own counts takes one
+ * load per 32 blocks instead of one per block. Lane 0 publishes b's inclusive sums; every lane
+ * returns the sums over the blocks before b.
+ */
+__device__ inline block_prefix warp_lookback(lookback_cell* cells, std::size_t b,
+                                             std::uint32_t above, std::uint32_t ties) {
+  block_prefix p;
+  if (b == 0) return p;  // block 0 published its counts as inclusive
+  const unsigned lane = lane_id();
+  for (std::size_t top = b; top > 0; top = top > 32 ? top - 32 : 0) {
+    // Lanes past block 0 read nothing (block 0 is inclusive, so the walk ends before them).
+    const bool real = lane < top;
+    const std::size_t j = real ? top - 1 - lane : 0;
+    unsigned flag = lookback_cell::flag_inclusive;
+    if (real) {
+      while ((flag = load_acquire(&cells[j].flag)) == lookback_cell::flag_none) {
+      }
+    }
+    const unsigned inclusive =
+        __ballot_sync(full_warp, real && flag == lookback_cell::flag_inclusive);
+    const unsigned stop =
+        inclusive != 0 ? static_cast<unsigned>(__ffs(static_cast<int>(inclusive)) - 1) : 32u;
+    std::uint32_t a = 0, t = 0;
+    if (real && lane <= stop) {
+      a = flag == lookback_cell::flag_inclusive ? cells[j].inc_above : cells[j].agg_above;
+      t = flag == lookback_cell::flag_inclusive ? cells[j].inc_ties : cells[j].agg_ties;
+    }
+    p.above += warp_sum(a);
+    p.ties += warp_sum(t);
+    if (inclusive != 0) break;
+  }
+  if (lane == 0) {
+    lookback_cell& c = cells[b];
+    c.inc_above = p.above + above;
+    c.inc_ties = p.ties + ties;
+    store_release(&c.flag, lookback_cell::flag_inclusive);
+  }
+  return p;
 }
 
 /**
@@ -348,6 +470,9 @@ template <class P, class T, class Key>
 __global__ void __launch_bounds__(fast_threads) compact_kernel(compact_fn<P, T, Key> f) {
   __shared__ unsigned cta_read_x;
   select_ctl<Key>* ctl = f.ctl;
+  for (std::size_t w = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       w < f.clear_words; w += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    f.clear[w] = 0;  // for the Elias-Fano encode that follows
   if (ctl->mode != mode_final) return;
   if (threadIdx.x == 0) cta_read_x = 0;
   __syncthreads();
@@ -407,13 +532,8 @@ __global__ void __launch_bounds__(fast_threads) compact_kernel(compact_fn<P, T, 
     const std::uint32_t above = warp_sum(static_cast<std::uint32_t>(__popc(gt)));
     const std::uint32_t ties_upto_me = warp_inclusive_sum(my_ties);
     const std::uint32_t ties = __shfl_sync(full_warp, ties_upto_me, 31);
-    block_prefix before;
-    if (lane == 0) {
-      lookback_publish(f.cells, b, above, ties);
-      before = lookback_resolve(f.cells, b, above, ties);
-    }
-    before.above = __shfl_sync(full_warp, before.above, 0);
-    before.ties = __shfl_sync(full_warp, before.ties, 0);
+    if (lane == 0) lookback_publish(f.cells, b, above, ties);
+    const block_prefix before = warp_lookback(f.cells, b, above, ties);
     // The ties this block keeps are its first `allowed`: lane i keeps those of its word that
     // come before that count.
     const std::uint32_t allowed = ties_in_block(ties_kept, before.ties, ties);
@@ -527,6 +647,136 @@ __global__ void __launch_bounds__(fast_threads)
   }
 }
 
+// ---- Elias-Fano ------------------------------------------------------------------------------
+
+/// Bits [j l, j l + l) of the low array.
+__device__ __forceinline__ std::uint64_t ef_low_of(const std::uint64_t* __restrict__ low,
+                                                   std::size_t j, unsigned l) {
+  const std::size_t bit = j * l;
+  const auto off = static_cast<unsigned>(bit % 64);
+  std::uint64_t v = low[bit / 64] >> off;
+  if (off + l > 64) v |= low[bit / 64 + 1] << (64 - off);
+  return v & ((std::uint64_t{1} << l) - 1);
+}
+
+/**
+ * Encode, one warp per block of 1024: lane i takes bitmask word i, its first rank from the block
+ * offset and a warp scan, and ORs each kept element's high bit and low bits into the code, which
+ * the compact kernel zeroed (a lane gathers bits while they land in one word: one atomic per
+ * word it touches). The same bits as `ef_encode_block`.
+ */
+__global__ void __launch_bounds__(fast_threads) ef_encode_kernel(ef_encode_fn f) {
+  const ef_shape s = f.s;
+  const std::size_t total_words = (s.n + word_elements - 1) / word_elements;
+  const std::size_t blocks = (s.n + block_elements - 1) / block_elements;
+  const unsigned l = s.l;
+  const std::uint64_t low_mask = (std::uint64_t{1} << l) - 1;
+  for (std::size_t c = first_warp_block(); c < blocks; c += warp_block_stride()) {
+    const std::size_t w = c * 32 + lane_id();
+    const std::uint32_t m = w < total_words ? f.words[w] : 0u;
+    const auto cnt = static_cast<std::uint32_t>(__popc(m));
+    std::size_t j = f.counts[c] + warp_inclusive_sum(cnt) - cnt;
+    if (lane_id() == 0 && c % ef_sub_blocks == 0) f.ef_offsets[c / ef_sub_blocks] = f.counts[c];
+    std::size_t hw = ~std::size_t{0}, lw = ~std::size_t{0};
+    std::uint64_t hacc = 0, lacc = 0;
+    for (std::uint32_t mm = m; mm != 0; mm &= mm - 1, ++j) {
+      const std::size_t i = w * 32 + static_cast<std::size_t>(__ffs(static_cast<int>(mm)) - 1);
+      const std::size_t u = (i >> l) + j;
+      if (u / 64 != hw) {
+        if (hacc != 0) atomicOr(reinterpret_cast<unsigned long long*>(f.high + hw), hacc);
+        hw = u / 64;
+        hacc = 0;
+      }
+      hacc |= std::uint64_t{1} << (u % 64);
+      if (l != 0) {
+        const std::uint64_t v = i & low_mask;
+        const std::size_t bit = j * l;
+        const auto off = static_cast<unsigned>(bit % 64);
+        if (bit / 64 != lw) {
+          if (lacc != 0) atomicOr(reinterpret_cast<unsigned long long*>(f.low + lw), lacc);
+          lw = bit / 64;
+          lacc = 0;
+        }
+        lacc |= v << off;
+        if (off + l > 64 && (v >> (64 - off)) != 0)
+          atomicOr(reinterpret_cast<unsigned long long*>(f.low + lw + 1), v >> (64 - off));
+      }
+    }
+    if (hacc != 0) atomicOr(reinterpret_cast<unsigned long long*>(f.high + hw), hacc);
+    if (lacc != 0) atomicOr(reinterpret_cast<unsigned long long*>(f.low + lw), lacc);
+  }
+}
+
+/// Threads of the decode kernel: one per bitmask word of an Elias-Fano block.
+inline constexpr int ef_threads = static_cast<int>(ef_block_words);
+
+/**
+ * Decode, one CTA per Elias-Fano block: each thread takes words of the block's part of the high
+ * array (masked to its entries' bits), a block scan gives each set bit its rank, and the entries
+ * are ORed into the block's bitmask in shared memory; then thread i writes bitmask word i and
+ * each warp's lane 0 the running count of its block of 1024. The bytes of `ef_decode_block`.
+ */
+__global__ void __launch_bounds__(ef_threads) ef_decode_kernel(ef_decode_fn f) {
+  using scan = cub::BlockScan<unsigned, ef_threads>;
+  __shared__ typename scan::TempStorage temp;
+  __shared__ std::uint32_t bits[ef_block_words];
+  __shared__ unsigned sub_count[ef_sub_blocks];
+  const ef_shape s = f.s;
+  const std::size_t blocks = s.blocks();
+  const std::size_t total_words = (s.n + word_elements - 1) / word_elements;
+  const unsigned l = s.l;
+  for (std::size_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const std::size_t start = b * ef_block_elements;
+    const bool last = b + 1 == blocks;
+    const std::size_t kb = f.ef_offsets[b];
+    const std::size_t kb1 = last ? s.k : static_cast<std::size_t>(f.ef_offsets[b + 1]);
+    bits[threadIdx.x] = 0;
+    __syncthreads();
+    if (kb1 > kb) {
+      // The block's entries occupy high bits [hb, he): the next block's first entry sits at or
+      // after ((start + ef_block_elements) >> l) + kb1.
+      const std::size_t hb = (start >> l) + kb;
+      const std::size_t he = last ? s.high_words * 64 : ((start + ef_block_elements) >> l) + kb1;
+      const std::size_t w0 = hb / 64, w1 = (he + 63) / 64;
+      std::size_t rank = kb;
+      for (std::size_t c = w0; c < w1; c += ef_threads) {  // the same trip count in every thread
+        const std::size_t w = c + threadIdx.x;
+        std::uint64_t word = w < w1 ? f.high[w] : 0;
+        if (w == w0) word &= ~std::uint64_t{0} << (hb % 64);
+        if (w + 1 == w1 && he % 64 != 0) word &= (std::uint64_t{1} << (he % 64)) - 1;
+        unsigned before = 0, total = 0;
+        scan(temp).ExclusiveSum(static_cast<unsigned>(__popcll(word)), before, total);
+        std::size_t j = rank + before;
+        for (std::uint64_t m = word; m != 0; m &= m - 1, ++j) {
+          const std::size_t u =
+              w * 64 + static_cast<std::size_t>(__ffsll(static_cast<long long>(m)) - 1);
+          std::size_t i = (u - j) << l;
+          if (l != 0) i |= static_cast<std::size_t>(ef_low_of(f.low, j, l));
+          const std::size_t local = i - start;
+          atomicOr(&bits[local / 32], 1u << (local % 32));
+        }
+        rank += total;
+        __syncthreads();  // the scan's storage is reused
+      }
+    }
+    __syncthreads();
+    const std::size_t w0 = start / word_elements;
+    const std::size_t nw = total_words - w0 < ef_block_words ? total_words - w0 : ef_block_words;
+    const std::uint32_t m = bits[threadIdx.x];
+    if (threadIdx.x < nw + (nw & 1)) f.words[b * ef_block_words + threadIdx.x] = m;
+    const std::uint32_t c = warp_sum(static_cast<std::uint32_t>(__popc(m)));
+    if (lane_id() == 0) sub_count[threadIdx.x / 32] = c;
+    __syncthreads();
+    if (threadIdx.x < ef_sub_blocks && threadIdx.x * 32 < nw) {
+      std::size_t run = kb;
+      for (unsigned q = 0; q < threadIdx.x; ++q)
+        run += sub_count[q];
+      f.counts[b * ef_sub_blocks + threadIdx.x] = static_cast<std::uint32_t>(run);
+    }
+    __syncthreads();  // bits and sub_count are reused by the next block
+  }
+}
+
 // ---- the steps that have a fast kernel ----------------------------------------------------
 
 template <class P, class T, class Key>
@@ -541,6 +791,13 @@ struct fast_kernel<count_fn<P, T, Key>> {
   static constexpr bool exists = true;
   static void launch(const count_fn<P, T, Key>& f, cudaStream_t stream) {
     count_kernel<<<warp_grid(f.blocks), fast_threads, 0, stream>>>(f);
+  }
+};
+template <class P, class T, class Key>
+struct fast_kernel<radix_fn<P, T, Key>> {
+  static constexpr bool exists = true;
+  static void launch(const radix_fn<P, T, Key>& f, cudaStream_t stream) {
+    radix_kernel<<<item_grid(f.n), fast_threads, 0, stream>>>(f);
   }
 };
 template <class Key>
@@ -573,6 +830,25 @@ struct fast_kernel<compact_fn<P, T, Key>> {
   static constexpr bool exists = true;
   static void launch(const compact_fn<P, T, Key>& f, cudaStream_t stream) {
     compact_kernel<<<warp_grid(f.blocks), fast_threads, 0, stream>>>(f);
+  }
+};
+
+template <>
+struct fast_kernel<ef_encode_fn> {
+  static constexpr bool exists = true;
+  static void launch(const ef_encode_fn& f, cudaStream_t stream) {
+    ef_encode_kernel<<<warp_grid((f.s.n + block_elements - 1) / block_elements), fast_threads, 0,
+                       stream>>>(f);
+  }
+};
+template <>
+struct fast_kernel<ef_decode_fn> {
+  static constexpr bool exists = true;
+  static void launch(const ef_decode_fn& f, cudaStream_t stream) {
+    const std::size_t blocks = f.s.blocks();
+    const auto grid = static_cast<unsigned>(
+        std::max<std::size_t>(1, std::min<std::size_t>(blocks, std::size_t{rt::sm_count()} * 8)));
+    ef_decode_kernel<<<grid, ef_threads, 0, stream>>>(f);
   }
 };
 

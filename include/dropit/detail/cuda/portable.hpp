@@ -8,6 +8,7 @@
 #pragma once
 
 #include <dropit/detail/cuda/selection.hpp>
+#include <dropit/detail/elias_fano.hpp>
 #include <dropit/detail/numeric.hpp>
 #include <dropit/detail/steps.hpp>
 #include <dropit/policy.hpp>
@@ -268,6 +269,10 @@ struct compact_fn {
   std::uint32_t* words;    ///< bitmask encoding, else null
   std::uint32_t* offsets;  ///< bitmask encoding: kept before each block
   std::uint32_t* index;    ///< index-list encoding, else null
+  /// Words the fast kernel zeroes for the fast Elias-Fano encode (which ORs its bits in); null on
+  /// the portable path, whose encode writes whole words.
+  std::uint64_t* clear = nullptr;
+  std::size_t clear_words = 0;
   DROPIT_HD void operator()(std::size_t) const {
     select_ctl<Key>& c = *ctl;
     if (c.mode != mode_final) return;
@@ -308,6 +313,33 @@ struct compact_fn {
     zero_gaps(payload, gaps);
     c.worked |= step_compact;
     if (c.read_x != 0) ++c.x_passes;
+  }
+};
+
+/// The body that encodes Elias-Fano block b from a bitmask and its block offsets.
+struct ef_encode_fn {
+  ef_shape s;
+  const std::uint32_t* words;
+  const std::uint32_t* counts;
+  std::uint64_t* low;
+  std::uint64_t* high;
+  std::uint32_t* ef_offsets;
+  DROPIT_HD void operator()(std::size_t b) const {
+    ef_encode_block(s, words, counts, b, low, high, ef_offsets);
+  }
+};
+
+/// The body that decodes Elias-Fano block b into a bitmask and its block offsets.
+struct ef_decode_fn {
+  ef_shape s;
+  const std::uint64_t* low;
+  const std::uint64_t* high;
+  const std::uint32_t* ef_offsets;
+  std::uint32_t* words;
+  std::uint32_t* counts;
+  DROPIT_HD void operator()(std::size_t b) const {
+    ef_decode_block(s, low, high, ef_offsets, b, words + b * ef_block_words,
+                    counts + b * ef_sub_blocks);
   }
 };
 
