@@ -103,11 +103,12 @@ void bench_memcpy(benchmark::State& state) {
 }
 
 template <class T, class P>
-void bench_pack(benchmark::State& state, P policy) {
+void bench_pack(benchmark::State& state, P policy,
+                dropit::position_choice positions = dropit::position_choice::smallest) {
   setup<T> s(static_cast<std::size_t>(state.range(0)));
   const auto exec = dropit::cuda_executor{s.stream};
   const std::span<const T> x(s.x, s.n);
-  dropit::SparseCache<T, P> cache{policy};
+  dropit::SparseCache<T, P> cache{policy, {}, positions};
   cache.pack(exec, x);  // warm-up: the workspace and the memory pool
   check(cudaStreamSynchronize(s.stream));
   for (auto _ : state) {
@@ -117,7 +118,8 @@ void bench_pack(benchmark::State& state, P policy) {
   // Kernel launches of one pack (the same on every pack of this size and policy: no step waits
   // for the host), and how many of them did work on this input.
   unsigned launches = 0;
-  const auto layout = dropit::make_layout(s.n, policy.kept(s.n), sizeof(T));
+  const auto layout =
+      dropit::make_layout(s.n, policy.kept(s.n), sizeof(T), dropit::value_codec::exact, positions);
   if (layout.k != 0 && layout.k != layout.n) {
     using Key = dropit::detail::key_type_t<P, T>;
     using ctl_t = dropit::detail::dev::select_ctl<Key>;
@@ -137,10 +139,11 @@ void bench_pack(benchmark::State& state, P policy) {
 }
 
 template <class T, class P>
-void bench_restore(benchmark::State& state, P policy) {
+void bench_restore(benchmark::State& state, P policy,
+                   dropit::position_choice positions = dropit::position_choice::smallest) {
   setup<T> s(static_cast<std::size_t>(state.range(0)));
   const auto exec = dropit::cuda_executor{s.stream};
-  dropit::SparseCache<T, P> cache{policy};
+  dropit::SparseCache<T, P> cache{policy, {}, positions};
   cache.pack(exec, std::span<const T>(s.x, s.n));
   const std::span<T> out(s.out, s.n);
   cache.restore(exec, out);
@@ -172,6 +175,13 @@ void register_type(const std::string& type, const std::vector<std::int64_t>& siz
     add("restore/Random/" + gs + "/" + type, [g](benchmark::State& st) {
       bench_restore<T>(st, dropit::Random<>{g, 7});
     });
+    if (g > 0.5) {  // the bitmask where the smallest code is Elias-Fano: the cost of the code
+      const auto mask = dropit::position_choice::no_elias_fano;
+      add("pack/MinK/" + gs + "/bitmask/" + type,
+          [g, mask](benchmark::State& st) { bench_pack<T>(st, dropit::MinK<>{g}, mask); });
+      add("restore/MinK/" + gs + "/bitmask/" + type,
+          [g, mask](benchmark::State& st) { bench_restore<T>(st, dropit::MinK<>{g}, mask); });
+    }
   }
   add("pack/Identity/" + type, [](benchmark::State& st) { bench_pack<T>(st, dropit::Identity{}); });
   add("restore/Identity/" + type,
