@@ -75,6 +75,13 @@ __device__ __forceinline__ std::uint32_t warp_sum(std::uint32_t v) {
   return __shfl_sync(full_warp, warp_inclusive_sum(v), 31);
 }
 
+/// Adds each valid lane's digit to the shared histogram: one atomic per distinct digit of the
+/// warp, by its lowest lane. Every lane of the warp calls it (invalid ones pass an unused digit).
+__device__ __forceinline__ void warp_aggregated_add(unsigned* bins, unsigned digit, bool valid) {
+  const unsigned same = __match_any_sync(full_warp, digit);
+  if (valid && (same & lanes_below()) == 0) atomicAdd(&bins[digit], __popc(same));
+}
+
 /// True in every thread of the CTA that finished last among the grid's CTAs (after a fence, so
 /// it sees every other CTA's writes); that CTA resets the counter for the next launch.
 __device__ __forceinline__ bool last_cta(unsigned* done) {
@@ -111,8 +118,7 @@ __device__ Key block_select_descending(const Key* keys, std::size_t m, std::size
       const Key key = i < m ? keys[i] : Key{0};
       const bool in = i < m && (key & mask) == prefix;
       const unsigned digit = in ? static_cast<unsigned>(key >> shift) & 255u : 256u;
-      const unsigned same = __match_any_sync(full_warp, digit);
-      if (in && (same & lanes_below()) == 0) atomicAdd(&bins[digit], __popc(same));
+      warp_aggregated_add(bins, digit, in);
     }
     __syncthreads();
     if (threadIdx.x < 32) {  // lane L holds digits 255 - 8 L - j, j < 8 (the top ones in lane 0)
@@ -369,8 +375,7 @@ __global__ void __launch_bounds__(fast_threads) radix_kernel(radix_fn<P, T, Key>
       const Key key = f.policy.key(f.x[i], i);
       if (s.matches(key)) digit = static_cast<unsigned>(s.digit(key));
     }
-    const unsigned same = __match_any_sync(full_warp, digit);
-    if (digit < radix_bins && (same & lanes_below()) == 0) atomicAdd(&bins[digit], __popc(same));
+    warp_aggregated_add(bins, digit, digit < radix_bins);
   }
   __syncthreads();
   for (unsigned d = threadIdx.x; d < radix_bins; d += blockDim.x)
@@ -452,12 +457,7 @@ __device__ inline block_prefix warp_lookback(lookback_cell* cells, std::size_t b
     p.ties += warp_sum(t);
     if (inclusive != 0) break;
   }
-  if (lane == 0) {
-    lookback_cell& c = cells[b];
-    c.inc_above = p.above + above;
-    c.inc_ties = p.ties + ties;
-    store_release(&c.flag, lookback_cell::flag_inclusive);
-  }
+  if (lane == 0) lookback_finish(cells, b, p, above, ties);
   return p;
 }
 

@@ -142,6 +142,15 @@ struct block_prefix {
   std::uint32_t ties = 0;
 };
 
+/// Publishes block b's inclusive sums: the blocks before it (`before`) plus its own counts.
+DROPIT_HD inline void lookback_finish(lookback_cell* cells, std::size_t b, block_prefix before,
+                                      std::uint32_t above, std::uint32_t ties) noexcept {
+  lookback_cell& c = cells[b];
+  c.inc_above = before.above + above;
+  c.inc_ties = before.ties + ties;
+  store_release(&c.flag, lookback_cell::flag_inclusive);
+}
+
 /**
  * Block b's exclusive prefix: walks back over the blocks before it, adding each one's own counts
  * until a block with an inclusive sum is found (spinning on a block not yet published: blocks
@@ -163,10 +172,7 @@ DROPIT_HD inline block_prefix lookback_resolve(lookback_cell* cells, std::size_t
     p.above += cells[j].agg_above;
     p.ties += cells[j].agg_ties;
   }
-  lookback_cell& c = cells[b];
-  c.inc_above = p.above + above;
-  c.inc_ties = p.ties + ties;
-  store_release(&c.flag, lookback_cell::flag_inclusive);
+  lookback_finish(cells, b, p, above, ties);
   return p;
 }
 
