@@ -822,6 +822,102 @@ TEST_CASE("simulate_step: a chain replayed by hand") {
   }
 }
 
+TEST_CASE("simulate_step: what each operation keeps for backward, and gradients freed early") {
+  ck::graph g = step_chain();  // s -> a (10) -> b (20) -> t (1)
+  const ck::vertex_index keep_b[] = {2};
+  const auto peak_with_a_dropped = [&] { return ck::simulate_step(g, ck::evaluate(g, keep_b)); };
+  // With a dropped, b's node recomputes a and b and runs b's op, then a's. Before b's op the
+  // step holds grad b (20), a (10) and b (20): 50.
+  SUBCASE("a recomputed tensor lives until the last backward that keeps it") {
+    g.set_workspace(1, 30);
+    // Every op keeps its output and input (the default): a lives through its own op's
+    // backward: 50 + grad a (10) + a's workspace (30) = 90.
+    CHECK(peak_with_a_dropped().peak == 90);
+    // a's op does not keep its output, b's op keeps its input: a is freed after b's op: 80.
+    g.set_unsaved(1, {1});
+    CHECK_FALSE(g.saves(1, 1));
+    CHECK(g.saves(2, 1));
+    CHECK(peak_with_a_dropped().peak == 80);
+    CHECK(peak_with_a_dropped().stored == 21);  // forward is unchanged
+  }
+  SUBCASE("a recomputed tensor nobody keeps is freed in the recomputation") {
+    g.set_workspace(2, 5);
+    // b's op runs with a alive: 50 + grad a + 5 = 65.
+    g.set_unsaved(1, {1});
+    CHECK(peak_with_a_dropped().peak == 65);
+    // Neither a's op nor b's keeps a: freed once b is computed: 40 + 10 + 5 = 55.
+    g.set_unsaved(2, {1});
+    CHECK(peak_with_a_dropped().peak == 55);
+  }
+  SUBCASE("a stored tensor no node keeps is freed in forward") {
+    // All kept; b's op does not keep a, a's op not itself: a (10) is not stored.
+    const ck::vertex_index all[] = {1, 2};
+    CHECK(ck::simulate_step(g, ck::evaluate(g, all)).stored == 31);
+    g.set_unsaved(1, {1});
+    g.set_unsaved(2, {1});
+    const ck::step_memory m = ck::simulate_step(g, ck::evaluate(g, all));
+    CHECK(m.stored == 21);
+    CHECK(m.forward_peak == 30);  // a and b both exist while b is computed
+    // Backward as in "everything kept" of the chain (peak 60 at b) less a: 50.
+    CHECK(m.peak == 50);
+  }
+  SUBCASE("an operation that frees its output's gradient early") {
+    const ck::vertex_index all[] = {1, 2};
+    g.set_workspace(2, 5);
+    // All kept: b's op with grad b still alive: 50 + grad a + 5 = 65 (see the chain's replay).
+    CHECK(ck::simulate_step(g, ck::evaluate(g, all)).peak == 65);
+    // Freeing grad b first: 45; the peak is t's op then (52).
+    g.set_frees_gradient_early(2, true);
+    const ck::step_memory m = ck::simulate_step(g, ck::evaluate(g, all));
+    CHECK(m.peak == 52);
+    CHECK(m.peak_vertex == 3);
+    // The exit of a recomputed group receives its gradient as the node's argument, held to the
+    // end: b's flag changes nothing with a dropped (60 + 5).
+    CHECK(peak_with_a_dropped().peak == 65);
+    // Inside a recomputed group autograd owns it: a's op frees grad a before its workspace.
+    g.set_workspace(1, 30);
+    CHECK(peak_with_a_dropped().peak == 90);
+    g.set_frees_gradient_early(1, true);
+    CHECK(peak_with_a_dropped().peak == 80);
+  }
+  SUBCASE("JSON and bad input") {
+    g.set_unsaved(2, {1, 2, 1});
+    g.set_frees_gradient_early(2, true);
+    const std::string json = ck::to_json(g);
+    CHECK(json.find(R"("unsaved": ["a", "b"], "frees_gradient_early": true)") != std::string::npos);
+    const ck::graph back = ck::parse_graph_json(json);
+    CHECK(std::vector<ck::vertex_index>(back.unsaved(2).begin(), back.unsaved(2).end()) ==
+          std::vector<ck::vertex_index>{1, 2});
+    CHECK(back.frees_gradient_early(2));
+    CHECK_FALSE(back.frees_gradient_early(1));
+    CHECK(back.unsaved(1).empty());
+    CHECK_THROWS_WITH_AS(g.set_unsaved(2, {3}),
+                         doctest::Contains("unsaved tensor \"t\" is neither the vertex nor one "
+                                           "of its inputs"),
+                         dropit::error);
+    CHECK_THROWS_WITH_AS(g.set_unsaved(2, {9}), doctest::Contains("out of range"), dropit::error);
+    CHECK_THROWS_AS(g.set_frees_gradient_early(9, true), dropit::error);
+    const auto doc = [](std::string_view extra) {
+      return std::string(R"({"source": "s", "target": "b", "vertices": [{"id": "s", "cost": 1},
+        {"id": "a", "cost": 1}, {"id": "b", "cost": 1)") +
+             std::string(extra) + R"(}], "edges": [{"u": "s", "v": "a"}, {"u": "a", "v": "b"}]})";
+    };
+    CHECK(ck::parse_graph_json(doc(R"(, "unsaved": ["a"])")).unsaved(2).size() == 1);
+    CHECK_THROWS_WITH_AS((void)ck::parse_graph_json(doc(R"(, "unsaved": ["x"])")),
+                         doctest::Contains("vertices[2].unsaved[0]: unknown vertex id \"x\""),
+                         dropit::error);
+    CHECK_THROWS_WITH_AS((void)ck::parse_graph_json(doc(R"(, "unsaved": ["s"])")),
+                         doctest::Contains("\"s\" is neither \"b\" nor one of its inputs"),
+                         dropit::error);
+    CHECK_THROWS_WITH_AS((void)ck::parse_graph_json(doc(R"(, "unsaved": "a")")),
+                         doctest::Contains("vertices[2].unsaved: expected an array"),
+                         dropit::error);
+    CHECK_THROWS_WITH_AS((void)ck::parse_graph_json(doc(R"(, "frees_gradient_early": 1)")),
+                         doctest::Contains("vertices[2].frees_gradient_early: expected a boolean"),
+                         dropit::error);
+  }
+}
+
 TEST_CASE("a residual block: a gradient from two readers is allocated once") {
   // s -> a -> b -> c -> t and a -> c (a skip): all kept. Costs a 8, b 4, c 2, t 1.
   ck::graph g;

@@ -105,6 +105,27 @@ class graph {
   void set_workspace(vertex_index v, cost_t bytes);
 
   /**
+   * @brief Declares that vertex `v`'s operation frees its output's gradient before its backward
+   * peaks when autograd owns that gradient (a fused batch norm + ReLU consumes it in its first
+   * step), as in a plain autograd op and inside a recomputed group; the exit of a recomputed
+   * group receives it from the engine, which holds it to the end. Used by `simulate_step` only
+   * (default false).
+   * @throw dropit::error if out of range
+   */
+  void set_frees_gradient_early(vertex_index v, bool frees);
+
+  /**
+   * @brief Declares the tensors vertex `v`'s operation does not keep for its backward: `v` itself
+   * (its output) and/or some of its inputs (e.g. an addition keeps neither input, a convolution
+   * its input but not its output). Used by `simulate_step` only: a recomputed tensor is freed
+   * after the last backward that keeps it. By default an operation keeps its output and every
+   * input (the conservative case). Replaces what was declared before.
+   * @throw dropit::error if out of range, or a tensor is neither `v` nor an input of `v` (add
+   * the edges first)
+   */
+  void set_unsaved(vertex_index v, std::vector<vertex_index> tensors);
+
+  /**
    * @brief Offers a way to store vertex `v` compressed (see `storage_option`). A vertex without
    * options is exact-only: it is kept or recomputed. Options of the source and target are ignored
    * (both are always kept).
@@ -154,6 +175,14 @@ class graph {
   /** @brief A vertex's backward workspace (`set_workspace`). @throw dropit::error if out of range
    */
   [[nodiscard]] cost_t workspace(vertex_index v) const;
+  /** @brief `set_frees_gradient_early`'s flag. @throw dropit::error if out of range */
+  [[nodiscard]] bool frees_gradient_early(vertex_index v) const;
+  /** @brief The tensors `set_unsaved` declared for `v` (empty: it keeps them all).
+   * @throw dropit::error if out of range */
+  [[nodiscard]] std::span<const vertex_index> unsaved(vertex_index v) const;
+  /** @brief Whether vertex `op`'s operation keeps `tensor` (itself or an input) for its backward.
+   * @throw dropit::error if out of range */
+  [[nodiscard]] bool saves(vertex_index op, vertex_index tensor) const;
   /** @brief Whether `set_time` gave the vertex a time. @throw dropit::error if out of range */
   [[nodiscard]] bool has_time(vertex_index v) const;
   /** @brief A vertex's storage options (empty: exact-only). @throw dropit::error if out of range */
@@ -189,6 +218,8 @@ class graph {
   std::vector<cost_t> costs_;
   std::vector<double> times_;  // NaN: not set
   std::vector<cost_t> workspaces_;
+  std::vector<std::vector<vertex_index>> unsaved_;
+  std::vector<char> frees_early_;
   std::vector<std::vector<storage_option>> storage_;
   std::vector<edge> edges_;
   std::unordered_map<std::string, vertex_index, id_hash, std::equal_to<>> index_;
@@ -373,7 +404,9 @@ struct step_memory {
 /**
  * @brief Reads a graph from JSON text:
  * `{"source": ID, "target": ID, "vertices": [{"id": ID, "cost": NUMBER, "time": NUMBER
- * (optional), "workspace": NUMBER (optional, read as a cost), "storage": [{"name": STRING, "bytes":
+ * (optional), "workspace": NUMBER (optional, read as a cost), "unsaved": [ID, ...] (optional: the
+ * vertex itself and/or inputs of it, `graph::set_unsaved`), "frees_gradient_early": BOOLEAN
+ * (optional, `graph::set_frees_gradient_early`), "storage": [{"name": STRING, "bytes":
  * NUMBER, "time": NUMBER (optional)}, ...] (optional)}, ...], "edges": [{"u": ID, "v": ID,
  * "compute": NUMBER (optional)}, ...]}`.
  *
@@ -404,7 +437,8 @@ struct step_memory {
 
 /**
  * @brief A graph as JSON in the format `parse_graph_json` reads (edges with their "compute",
- * vertices with their "time" if set, "workspace" if not 0 and "storage" if any).
+ * vertices with their "time" if set, "workspace" if not 0, "unsaved" and "storage" if any,
+ * "frees_gradient_early" if true).
  */
 [[nodiscard]] std::string to_json(const graph& g);
 

@@ -220,8 +220,16 @@ class checkpointed_graph {
   }
   void make_groups();
   at::Tensor run_group(const group& gr, const std::vector<at::Tensor>& entries) const;
-  // Each operation's backward workspace, run on `values` (every vertex's tensor).
-  std::vector<std::size_t> measure_workspace(const std::vector<at::Tensor>& values) const;
+  // What each operation's backward needs, run on `values` (every vertex's tensor): the memory
+  // it allocates beyond its inputs' gradients, the tensors (itself, its inputs) it does not keep,
+  // whether it frees its output's gradient early (`checkpoint::graph::set_workspace`,
+  // `set_unsaved`, `set_frees_gradient_early`).
+  struct backward_profile {
+    std::vector<std::size_t> workspace;
+    std::vector<std::vector<vertex>> unsaved;
+    std::vector<char> frees_early;
+  };
+  backward_profile measure_backward(const std::vector<at::Tensor>& values) const;
 
   std::vector<std::string> names_;
   std::vector<std::vector<vertex>> inputs_;

@@ -37,6 +37,8 @@ inline vertex_index graph::add_vertex(std::string id, cost_t cost) {
   costs_.push_back(cost);
   times_.push_back(std::numeric_limits<double>::quiet_NaN());
   workspaces_.push_back(0);
+  unsaved_.emplace_back();
+  frees_early_.push_back(0);
   storage_.emplace_back();
   total_ += cost;
   return v;
@@ -59,6 +61,42 @@ inline void graph::set_workspace(vertex_index v, cost_t bytes) {
 inline cost_t graph::workspace(vertex_index v) const {
   DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
   return workspaces_[v];
+}
+
+inline void graph::set_frees_gradient_early(vertex_index v, bool frees) {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  frees_early_[v] = frees ? 1 : 0;
+}
+
+inline bool graph::frees_gradient_early(vertex_index v) const {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  return frees_early_[v] != 0;
+}
+
+inline void graph::set_unsaved(vertex_index v, std::vector<vertex_index> tensors) {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  for (const vertex_index t : tensors) {
+    DROPIT_EXPECTS(t < ids_.size(), "checkpoint: vertex ", detail::quote_id(ids_[v]),
+                   ": unsaved tensor index ", t, " out of range");
+    DROPIT_EXPECTS(t == v || std::any_of(edges_.begin(), edges_.end(),
+                                         [&](const edge& e) { return e.from == t && e.to == v; }),
+                   "checkpoint: vertex ", detail::quote_id(ids_[v]), ": unsaved tensor ",
+                   detail::quote_id(ids_[t]), " is neither the vertex nor one of its inputs");
+  }
+  std::sort(tensors.begin(), tensors.end());
+  tensors.erase(std::unique(tensors.begin(), tensors.end()), tensors.end());
+  unsaved_[v] = std::move(tensors);
+}
+
+inline std::span<const vertex_index> graph::unsaved(vertex_index v) const {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  return unsaved_[v];
+}
+
+inline bool graph::saves(vertex_index op, vertex_index tensor) const {
+  DROPIT_EXPECTS(tensor < ids_.size(), "checkpoint: vertex index ", tensor, " out of range");
+  const std::span<const vertex_index> u = unsaved(op);
+  return !std::binary_search(u.begin(), u.end(), tensor);
 }
 
 inline void graph::add_storage(vertex_index v, storage_option option) {

@@ -388,6 +388,7 @@ class graph_loader {
     expect(doc, "document", kind::object);
     graph g;
     const value& vs = expect(member(doc, "document", "vertices"), "vertices", kind::array);
+    std::vector<std::pair<vertex_index, const value*>> unsaved;  // read once the edges are in
     for (std::size_t i = 0; i < vs.items.size(); ++i) {
       const std::string path = dropit::detail::concat("vertices[", i, ']');
       const value& vx = expect(vs.items[i], path, kind::object);
@@ -403,6 +404,10 @@ class graph_loader {
       if (const value* wv = vx.find("workspace"))
         g.set_workspace(v, cost(*wv, path + ".workspace"));
       if (const value* sv = vx.find("storage")) storage(g, v, *sv, path + ".storage");
+      if (const value* uv = vx.find("unsaved")) unsaved.emplace_back(v, uv);
+      if (const value* fv = vx.find("frees_gradient_early"))
+        g.set_frees_gradient_early(
+            v, expect(*fv, path + ".frees_gradient_early", kind::boolean).boolean);
     }
     const value& es = expect(member(doc, "document", "edges"), "edges", kind::array);
     for (std::size_t i = 0; i < es.items.size(); ++i) {
@@ -425,6 +430,24 @@ class graph_loader {
       }
       const value* comp = ex.find("compute");
       g.add_edge(ends[0], ends[1], comp ? number(*comp, path + ".compute") : 0.0);
+    }
+    for (const auto& [v, uv] : unsaved) {
+      const std::string path = dropit::detail::concat("vertices[", v, "].unsaved");
+      expect(*uv, path, kind::array);
+      std::vector<vertex_index> tensors;
+      for (std::size_t i = 0; i < uv->items.size(); ++i) {
+        const std::string item = dropit::detail::concat(path, '[', i, ']');
+        const std::string name = id(uv->items[i], item);
+        const auto found = g.find(name);
+        if (!found) fail(uv->items[i], item, "unknown vertex id \"", name, '"');
+        if (*found != v && std::none_of(g.edges().begin(), g.edges().end(), [&](const edge& e) {
+              return e.from == *found && e.to == v;
+            }))
+          fail(uv->items[i], item, "vertex \"", name, "\" is neither \"", g.id(v),
+               "\" nor one of its inputs");
+        tensors.push_back(*found);
+      }
+      g.set_unsaved(v, std::move(tensors));
     }
     for (const char* key : {"source", "target"}) {
       const value& idv = member(doc, "document", key);
@@ -608,6 +631,13 @@ inline std::string to_json(const graph& g) {
       write_double(out, g.time(v));
     }
     if (g.workspace(v) != 0) out += ", \"workspace\": " + std::to_string(g.workspace(v));
+    const auto un = g.unsaved(v);
+    for (std::size_t i = 0; i < un.size(); ++i) {
+      out += i ? ", " : ", \"unsaved\": [";
+      write_id(out, g.id(un[i]));
+    }
+    if (!un.empty()) out += "]";
+    if (g.frees_gradient_early(v)) out += ", \"frees_gradient_early\": true";
     const auto st = g.storage(v);
     for (std::size_t i = 0; i < st.size(); ++i) {
       out += i ? ", {\"name\": " : ", \"storage\": [{\"name\": ";

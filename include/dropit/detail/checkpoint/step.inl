@@ -81,12 +81,16 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
   }
   constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
   // A stored tensor is freed after the backward of the last node (in backward order, so the
-  // first in forward order) that saves it: the nodes reading it, and a plain op its own output.
+  // first in forward order) that saves it: a node that recomputes or restores saves its entries;
+  // a plain op the inputs its operation keeps (`graph::saves`), and its own output if it keeps
+  // it (the target always: it is the caller's). One that no node saves is freed in forward,
+  // after its last reader.
   std::vector<std::size_t> release(n, never);
   for (std::size_t i = 0; i < groups.size(); ++i) {
+    const vertex_index e = groups[i].exit;
     for (vertex_index u : groups[i].entries)
-      release[u] = std::min(release[u], i);
-    if (direct[i]) release[groups[i].exit] = std::min(release[groups[i].exit], i);
+      if (!direct[i] || g.saves(e, u)) release[u] = std::min(release[u], i);
+    if (direct[i] && (e == tgt || g.saves(e, e))) release[e] = std::min(release[e], i);
   }
 
   step_memory m;
@@ -111,8 +115,11 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
       meter.add(held[gr.exit], gr.exit);
     }
     meter.remove(transient);
-    for (vertex_index u : gr.entries)
-      if (packed[u] && last_reader[u] == i) meter.remove(g.cost(u));
+    for (vertex_index u : gr.entries) {
+      if (last_reader[u] != i) continue;
+      if (packed[u]) meter.remove(g.cost(u));
+      if (release[u] == never && u != src) meter.remove(held[u]);
+    }
   }
   // A compressed vertex no node reads (the plan never does this) would stay dense: drop it too.
   for (const detail::recompute_group& gr : groups)
@@ -121,7 +128,8 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
   m.forward_peak = meter.peak();
 
   // Backward, node by node from the last. Gradients: a vertex's gradient is allocated when the
-  // first of its readers runs backward and freed when its own operation has.
+  // first of its readers runs backward and freed when its own operation has (before that
+  // operation's inputs' gradients where it frees it early and autograd owns it).
   std::vector<char> grad(n, 0);
   const auto add_grad = [&](vertex_index u, vertex_index at) {
     if (u == src || grad[u]) return;
@@ -138,39 +146,68 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
     meter.add(g.workspace(w), w);
     meter.remove(g.workspace(w));
   };
+  // Per group: its members (inside vertices, then the exit), each vertex's place among them
+  // (`never` outside the group), and for an inside vertex the member whose backward frees it
+  // and its last reader.
+  std::vector<vertex_index> members;
+  std::vector<std::size_t> slot(n, never), keeper(n, never), last_use(n, never);
   add_grad(tgt, tgt);
   for (std::size_t i = groups.size(); i-- > 0;) {
     const detail::recompute_group& gr = groups[i];
     const vertex_index e = gr.exit;
     if (direct[i]) {
+      if (g.frees_gradient_early(e)) drop_grad(e);  // autograd owns it
       for (vertex_index u : d.in(e))
         add_grad(u, e);
       workspace(e);
       drop_grad(e);
     } else {
-      // Restore the packed entries, recompute the group with autograd (every recomputed tensor
-      // is saved by an op of the group), then back-propagate through it op by op.
+      // Restore the packed entries, recompute the group (its vertices, then the exit) with
+      // autograd, then back-propagate through it op by op. A recomputed tensor lives until the
+      // backward of the first member (in forward order) whose operation keeps it: itself if it
+      // keeps its output, else a reader; one that no operation keeps is freed in the
+      // recomputation, once its last reader in the group has run.
       cost_t restored = 0;
       for (vertex_index u : gr.entries)
         if (packed[u]) {
           meter.add(g.cost(u), e);
           restored += g.cost(u);
         }
-      for (vertex_index w : gr.inside)
-        meter.add(g.cost(w), w);
-      meter.add(g.cost(e), e);
-      for (vertex_index u : d.in(e))
-        add_grad(u, e);
-      workspace(e);
-      for (auto it = gr.inside.rbegin(); it != gr.inside.rend(); ++it) {
-        for (vertex_index u : d.in(*it))
-          add_grad(u, *it);
-        workspace(*it);
-        drop_grad(*it);
-        meter.remove(g.cost(*it));
+      members.assign(gr.inside.begin(), gr.inside.end());
+      members.push_back(e);
+      for (std::size_t k = 0; k < members.size(); ++k)
+        slot[members[k]] = k;
+      for (std::size_t k = 0; k + 1 < members.size(); ++k) {
+        const vertex_index w = members[k];
+        keeper[w] = g.saves(w, w) ? k : never;
+        last_use[w] = k;
+      }
+      for (std::size_t k = 0; k < members.size(); ++k)
+        for (vertex_index u : d.in(members[k]))
+          if (slot[u] < k) {  // an inside vertex of the group
+            last_use[u] = k;
+            if (keeper[u] == never && g.saves(members[k], u)) keeper[u] = k;
+          }
+      for (std::size_t k = 0; k < members.size(); ++k) {
+        meter.add(g.cost(members[k]), members[k]);
+        for (vertex_index u : d.in(members[k]))
+          if (slot[u] < k && keeper[u] == never && last_use[u] == k) meter.remove(g.cost(u));
+      }
+      for (std::size_t k = members.size(); k-- > 0;) {
+        const vertex_index x = members[k];
+        // The exit's gradient is the node's argument, held to the end; the others are autograd's.
+        if (x != e && g.frees_gradient_early(x)) drop_grad(x);
+        for (vertex_index u : d.in(x))
+          add_grad(u, x);
+        workspace(x);
+        if (x != e) drop_grad(x);
+        for (std::size_t j = 0; j <= k; ++j)
+          if (j + 1 < members.size() && keeper[members[j]] == k) meter.remove(g.cost(members[j]));
       }
       meter.remove(restored + g.cost(e));  // the restored entries and the exit's recomputation
       drop_grad(e);
+      for (vertex_index x : members)
+        slot[x] = never;
     }
     for (vertex_index u : gr.entries)
       if (release[u] == i) meter.remove(held[u]);

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <sstream>
 #include <utility>
@@ -40,6 +41,24 @@ class replay_guard {
 /// of its readers' nodes has run backward (or is destroyed).
 struct entry_packs : ::torch::CustomClassHolder {
   std::vector<std::optional<packed_tensor>> packs;
+};
+
+/// The identity on a group's entry, whose backward puts the entry's gradient into a slot and
+/// passes nothing on. The nested backward of a group hands each entry's gradient over this way
+/// instead of accumulating it into the entry's `.grad`: `AccumulateGrad` copies a gradient that
+/// another operation of the group still references (an addition's backward gives both its inputs
+/// the same tensor), which would hold one more tensor than the step model counts.
+struct gradient_sink : ::torch::autograd::Function<gradient_sink> {
+  static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            std::int64_t slot) {
+    ctx->saved_data["slot"] = slot;
+    return x;
+  }
+  static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
+                                                   ::torch::autograd::variable_list grads) {
+    *reinterpret_cast<at::Tensor*>(ctx->saved_data["slot"].toInt()) = std::move(grads[0]);
+    return {at::Tensor(), at::Tensor()};
+  }
 };
 
 /// One checkpoint (or compressed vertex, or the output) and the vertices recomputed for it:
@@ -94,20 +113,23 @@ struct checkpoint_function : ::torch::autograd::Function<checkpoint_function> {
     entries.reserve(saved.size());
     for (std::size_t i = 0; i < saved.size(); ++i) {
       const bool packed = packs != nullptr && i < packs->packs.size() && packs->packs[i];
-      at::Tensor e = packed ? packs->packs[i]->restore() : saved[i].detach();
-      if (e.is_floating_point() && ctx->needs_input_grad(i)) e.requires_grad_(true);
-      entries.push_back(std::move(e));
+      entries.push_back(packed ? packs->packs[i]->restore() : saved[i].detach());
     }
     at::Tensor y;
     {
       const at::AutoGradMode enable(true);
       const replay_guard replaying(checkpointed_graph::replaying_flag());
-      y = g->run_group(gr, entries);
+      // An entry that needs a gradient enters the recomputation through a sink, which writes
+      // its gradient into out[i] (slots in place: `out` is not resized from here on).
+      std::vector<at::Tensor> inputs = entries;
+      for (std::size_t i = 0; i < inputs.size(); ++i) {
+        if (!inputs[i].is_floating_point() || !ctx->needs_input_grad(i)) continue;
+        inputs[i].requires_grad_(true);
+        inputs[i] = gradient_sink::apply(inputs[i], reinterpret_cast<std::int64_t>(&out[i]));
+      }
+      y = g->run_group(gr, inputs);
     }
     if (y.requires_grad()) ::torch::autograd::backward({y}, {grads[0]});
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      if (entries[i].requires_grad()) out[i] = entries[i].grad();
-    }
     return out;
   }
 };
@@ -253,27 +275,38 @@ inline checkpoint::graph checkpointed_graph::measure(const at::Tensor& example,
       pack_bytes[v] = p.bytes();
     }
   }
-  const std::vector<std::size_t> workspace = measure_workspace(values);
+  const backward_profile backward = measure_backward(values);
   values.clear();
   checkpoint::graph g;
   g.add_vertex(names_[0], static_cast<checkpoint::cost_t>(bytes[0]));
   for (vertex v = 1; v < size(); ++v) {
     g.add_vertex(names_[v], static_cast<checkpoint::cost_t>(bytes[v]));
     g.set_time(v, op_time[v]);
-    g.set_workspace(v, static_cast<checkpoint::cost_t>(workspace[v]));
+    g.set_workspace(v, static_cast<checkpoint::cost_t>(backward.workspace[v]));
     if (sparse_[v]) {
       g.add_storage(v, {detail::option_name(*sparse_[v]),
                         static_cast<checkpoint::cost_t>(pack_bytes[v]), pack_time[v]});
     }
     for (vertex u : inputs_[v])
       g.add_edge(u, v);
+    g.set_unsaved(v, backward.unsaved[v]);
+    g.set_frees_gradient_early(v, backward.frees_early[v] != 0);
   }
   g.set_source(vertex{0});
   g.set_target(size() - 1);
   return g;
 }
 
-inline std::vector<std::size_t> checkpointed_graph::measure_workspace(
+namespace detail {
+/// References to a tensor and to its storage: an autograd graph that keeps the tensor for its
+/// backward holds one of them (the tensor itself, or a copy sharing its storage).
+inline long references(const at::Tensor& t) {
+  return static_cast<long>(t.use_count()) +
+         (t.has_storage() ? static_cast<long>(t.storage().use_count()) : 0L);
+}
+}  // namespace detail
+
+inline checkpointed_graph::backward_profile checkpointed_graph::measure_backward(
     const std::vector<at::Tensor>& values) const {
   // Each operation once more with autograd, its backward counted by a probe allocator (beside
   // an installed counting allocator, which then does not see these short-lived blocks).
@@ -283,55 +316,83 @@ inline std::vector<std::size_t> checkpointed_graph::measure_workspace(
   counting_allocator probe(base);
   const cpu_allocator_guard install(probe);
   const at::AutoGradMode grad(true);
-  std::vector<std::size_t> workspace(size(), 0);
+  backward_profile r{std::vector<std::size_t>(size(), 0), std::vector<std::vector<vertex>>(size()),
+                     std::vector<char>(size(), 0)};
   for (vertex v = 1; v < size(); ++v) {
+    // One argument tensor per distinct input vertex. One that gets a gradient is a view of a
+    // leaf, so that the graph refers to it only if the operation keeps it (a leaf is also held
+    // by its AccumulateGrad node).
+    std::map<vertex, at::Tensor> leaf;
     std::vector<at::Tensor> args;
-    std::vector<at::Tensor> leaves;  // one per distinct input vertex that gets a gradient
-    std::vector<vertex> seen;
     for (vertex u : inputs_[v]) {
-      at::Tensor a = values[u].detach();
-      if (u != input() && a.is_floating_point()) {
-        const auto it = std::find(seen.begin(), seen.end(), u);
-        if (it != seen.end()) {
-          a = leaves[static_cast<std::size_t>(it - seen.begin())];
-        } else {
-          a.requires_grad_(true);
-          seen.push_back(u);
-          leaves.push_back(a);
-        }
+      auto [it, fresh] = leaf.try_emplace(u);
+      if (fresh) {
+        it->second = values[u].detach();
+        if (u != input() && it->second.is_floating_point())
+          it->second = it->second.requires_grad_(true).view_as(it->second);
       }
-      args.push_back(a);
+      args.push_back(it->second);
     }
-    const at::Tensor out = ops_[v](args);
-    if (!out.requires_grad()) continue;
-    // The gradients of the inputs and of the parameters the operation reads (found as the
-    // AccumulateGrad nodes of its graph), returned rather than accumulated: the parameters'
-    // `.grad` stay untouched.
-    ::torch::autograd::variable_list wrt = leaves;
-    for (const at::Tensor& p : detail::parameters_of(out))
-      if (std::none_of(wrt.begin(), wrt.end(), [&](const at::Tensor& w) { return w.is_same(p); }))
-        wrt.push_back(p);
-    const at::Tensor grad_out = at::ones_like(out);
-    const std::size_t before = probe.reset_peak();
-    std::size_t grads = 0;
+    // What the graph keeps: references to each input and to the output while it is alive,
+    // against the same operation run without autograd (below).
+    std::map<vertex, long> with_graph;
+    long output_with_graph = 0;
     {
-      const auto got = ::torch::autograd::grad({out}, wrt, {grad_out}, false, false, true);
-      // An input's gradient the operation produced without a new buffer (a residual addition
-      // passes its output gradient through) is not memory of its own: distinct storages only,
-      // and not the output gradient's.
-      std::vector<const void*> storages{grad_out.storage().data()};
-      for (std::size_t i = 0; i < leaves.size(); ++i) {
-        if (!got[i].defined()) continue;
-        const void* data = got[i].storage().data();
-        if (std::find(storages.begin(), storages.end(), data) != storages.end()) continue;
-        storages.push_back(data);
-        grads += got[i].storage().nbytes();
+      const at::Tensor out = ops_[v](args);
+      for (const auto& [u, t] : leaf)
+        with_graph[u] = detail::references(t);
+      output_with_graph = detail::references(out);
+      if (out.requires_grad()) {
+        // The gradients of the inputs and of the parameters the operation reads (found as the
+        // AccumulateGrad nodes of its graph), returned rather than accumulated: the parameters'
+        // `.grad` stay untouched.
+        ::torch::autograd::variable_list wrt;
+        for (const auto& [u, t] : leaf)
+          if (t.requires_grad()) wrt.push_back(t);
+        const std::size_t inputs = wrt.size();
+        for (const at::Tensor& p : detail::parameters_of(out))
+          if (std::none_of(wrt.begin(), wrt.end(),
+                           [&](const at::Tensor& w) { return w.is_same(p); }))
+            wrt.push_back(p);
+        // First with the output gradient held by the caller (as a recomputed group's exit
+        // receives it), then owned by autograd (a product's backward makes it), which shows
+        // whether the operation frees it before its peak.
+        const at::Tensor grad_out = at::ones_like(out);
+        std::size_t before = probe.reset_peak();
+        std::size_t grads = 0;
+        {
+          const auto got = ::torch::autograd::grad({out}, wrt, {grad_out}, true, false, true);
+          // An input's gradient the operation produced without a new buffer (a residual
+          // addition passes its output gradient through) is not memory of its own: distinct
+          // storages only, and not the output gradient's.
+          std::vector<const void*> storages{grad_out.storage().data()};
+          for (std::size_t i = 0; i < inputs; ++i) {
+            if (!got[i].defined()) continue;
+            const void* data = got[i].storage().data();
+            if (std::find(storages.begin(), storages.end(), data) != storages.end()) continue;
+            storages.push_back(data);
+            grads += got[i].storage().nbytes();
+          }
+        }
+        const std::size_t held = probe.peak_bytes() - before;
+        r.workspace[v] = held > grads ? held - grads : 0;
+        const at::Tensor scalar = (out * grad_out).sum();
+        before = probe.reset_peak();
+        (void)::torch::autograd::grad({scalar}, wrt, {}, false, false, true);
+        // Held to the end, the gradient adds its bytes to the peak; freed early, next to nothing.
+        const std::size_t owned = probe.peak_bytes() - before;
+        r.frees_early[v] = owned < held + out.nbytes() / 2;
       }
     }
-    const std::size_t used = probe.peak_bytes() - before;
-    workspace[v] = used > grads ? used - grads : 0;
+    {
+      const at::NoGradGuard no_grad;
+      const at::Tensor out = ops_[v](args);
+      for (const auto& [u, t] : leaf)
+        if (with_graph[u] <= detail::references(t)) r.unsaved[v].push_back(u);
+      if (output_with_graph <= detail::references(out)) r.unsaved[v].push_back(v);
+    }
   }
-  return workspace;
+  return r;
 }
 
 inline const checkpoint::plan& checkpointed_graph::plan(const at::Tensor& example) {
