@@ -183,6 +183,8 @@ class graph {
   /** @brief Whether vertex `op`'s operation keeps `tensor` (itself or an input) for its backward.
    * @throw dropit::error if out of range */
   [[nodiscard]] bool saves(vertex_index op, vertex_index tensor) const;
+  /** @brief Whether an edge goes from `from` to `to` (O(edges)). */
+  [[nodiscard]] bool has_edge(vertex_index from, vertex_index to) const noexcept;
   /** @brief Whether `set_time` gave the vertex a time. @throw dropit::error if out of range */
   [[nodiscard]] bool has_time(vertex_index v) const;
   /** @brief A vertex's storage options (empty: exact-only). @throw dropit::error if out of range */

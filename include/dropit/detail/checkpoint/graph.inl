@@ -78,10 +78,9 @@ inline void graph::set_unsaved(vertex_index v, std::vector<vertex_index> tensors
   for (const vertex_index t : tensors) {
     DROPIT_EXPECTS(t < ids_.size(), "checkpoint: vertex ", detail::quote_id(ids_[v]),
                    ": unsaved tensor index ", t, " out of range");
-    DROPIT_EXPECTS(t == v || std::any_of(edges_.begin(), edges_.end(),
-                                         [&](const edge& e) { return e.from == t && e.to == v; }),
-                   "checkpoint: vertex ", detail::quote_id(ids_[v]), ": unsaved tensor ",
-                   detail::quote_id(ids_[t]), " is neither the vertex nor one of its inputs");
+    DROPIT_EXPECTS(t == v || has_edge(t, v), "checkpoint: vertex ", detail::quote_id(ids_[v]),
+                   ": unsaved tensor ", detail::quote_id(ids_[t]),
+                   " is neither the vertex nor one of its inputs");
   }
   std::sort(tensors.begin(), tensors.end());
   tensors.erase(std::unique(tensors.begin(), tensors.end()), tensors.end());
@@ -91,6 +90,11 @@ inline void graph::set_unsaved(vertex_index v, std::vector<vertex_index> tensors
 inline std::span<const vertex_index> graph::unsaved(vertex_index v) const {
   DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
   return unsaved_[v];
+}
+
+inline bool graph::has_edge(vertex_index from, vertex_index to) const noexcept {
+  return std::any_of(edges_.begin(), edges_.end(),
+                     [&](const edge& e) { return e.from == from && e.to == to; });
 }
 
 inline bool graph::saves(vertex_index op, vertex_index tensor) const {

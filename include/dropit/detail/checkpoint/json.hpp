@@ -440,9 +440,7 @@ class graph_loader {
         const std::string name = id(uv->items[i], item);
         const auto found = g.find(name);
         if (!found) fail(uv->items[i], item, "unknown vertex id \"", name, '"');
-        if (*found != v && std::none_of(g.edges().begin(), g.edges().end(), [&](const edge& e) {
-              return e.from == *found && e.to == v;
-            }))
+        if (*found != v && !g.has_edge(*found, v))
           fail(uv->items[i], item, "vertex \"", name, "\" is neither \"", g.id(v),
                "\" nor one of its inputs");
         tensors.push_back(*found);
