@@ -943,6 +943,81 @@ TEST_CASE("a residual block: a gradient from two readers is allocated once") {
   CHECK(m.peak_vertex == 2);
 }
 
+TEST_CASE("a residual addition that passes its output gradient to its inputs") {
+  // The block above with c an addition (b + a): its backward hands both inputs grad c itself.
+  ck::graph g;
+  for (const auto& [id, cost] : {std::pair{"s", 50}, {"a", 8}, {"b", 4}, {"c", 2}, {"t", 1}})
+    g.add_vertex(id, cost);
+  g.add_edge("s", "a");
+  g.add_edge("a", "b");
+  g.add_edge("b", "c");
+  g.add_edge("a", "c");
+  g.add_edge("c", "t");
+  g.set_source("s");
+  g.set_target("t");
+  const ck::vertex_index all[] = {1, 2, 3};
+  const auto peak = [&] {
+    const ck::step_memory m = ck::simulate_step(g, ck::evaluate(g, all));
+    CHECK(m.stored == 15);  // forward is unchanged
+    return std::pair{m.peak, m.peak_vertex};
+  };
+  // New gradients (the default): c's op allocates grad b and grad a beside grad c: 16 + 4 + 8.
+  CHECK(peak() == std::pair<ck::cost_t, ck::vertex_index>{28, 3});
+  SUBCASE("passed to b only") {
+    // c's op: grad a (8) only, 24; grad b is grad c's buffer, freed after b's op.
+    g.set_passes_gradient(3, {2});
+    CHECK(g.passes_gradient(3, 2));
+    CHECK_FALSE(g.passes_gradient(3, 1));
+    CHECK(peak() == std::pair<ck::cost_t, ck::vertex_index>{24, 3});
+  }
+  SUBCASE("passed to both") {
+    // c's op allocates nothing; grad c and c freed: 14 (the buffer lives on as grad a and
+    // grad b). b's op adds its gradient of a to grad a, a buffer grad b still shares, so the
+    // sum is a new buffer of 8: 22, the peak; then the shared buffer goes with grad b.
+    g.set_passes_gradient(3, {1, 2});
+    CHECK(peak() == std::pair<ck::cost_t, ck::vertex_index>{22, 2});
+    // Were grad b freed before b's op (it frees its output's gradient early), grad a would be
+    // the buffer's only user and the sum in place: 14 is then the most after t's op (18).
+    g.set_frees_gradient_early(2, true);
+    CHECK(peak() == std::pair<ck::cost_t, ck::vertex_index>{18, 4});
+  }
+  SUBCASE("JSON and bad input") {
+    g.set_passes_gradient(3, {2, 1, 2});
+    CHECK(
+        std::vector<ck::vertex_index>(g.passed_gradients(3).begin(), g.passed_gradients(3).end()) ==
+        std::vector<ck::vertex_index>{1, 2});
+    const std::string json = ck::to_json(g);
+    CHECK(json.find(R"("passes_gradient": ["a", "b"])") != std::string::npos);
+    const ck::graph back = ck::parse_graph_json(json);
+    CHECK(back.passes_gradient(3, 1));
+    CHECK(back.passes_gradient(3, 2));
+    CHECK(back.passed_gradients(2).empty());
+    CHECK_THROWS_WITH_AS(g.set_passes_gradient(3, {3}),
+                         doctest::Contains("vertex \"c\" is not one of its inputs"), dropit::error);
+    CHECK_THROWS_WITH_AS(g.set_passes_gradient(3, {0}),
+                         doctest::Contains("vertex \"s\" is not one of its inputs"), dropit::error);
+    CHECK_THROWS_WITH_AS(g.set_passes_gradient(3, {9}), doctest::Contains("out of range"),
+                         dropit::error);
+    CHECK_THROWS_AS((void)g.passed_gradients(9), dropit::error);
+    const auto doc = [](std::string_view extra) {
+      return std::string(R"({"source": "s", "target": "b", "vertices": [{"id": "s", "cost": 1},
+        {"id": "a", "cost": 1}, {"id": "b", "cost": 1)") +
+             std::string(extra) + R"(}], "edges": [{"u": "s", "v": "a"}, {"u": "a", "v": "b"}]})";
+    };
+    CHECK(ck::parse_graph_json(doc(R"(, "passes_gradient": ["a"])")).passes_gradient(2, 1));
+    CHECK_THROWS_WITH_AS((void)ck::parse_graph_json(doc(R"(, "passes_gradient": ["b"])")),
+                         doctest::Contains("vertices[2].passes_gradient[0]: vertex \"b\" is not "
+                                           "one of \"b\"'s inputs"),
+                         dropit::error);
+    CHECK_THROWS_WITH_AS((void)ck::parse_graph_json(doc(R"(, "passes_gradient": ["x"])")),
+                         doctest::Contains("vertices[2].passes_gradient[0]: unknown vertex id"),
+                         dropit::error);
+    CHECK_THROWS_WITH_AS((void)ck::parse_graph_json(doc(R"(, "passes_gradient": {})")),
+                         doctest::Contains("vertices[2].passes_gradient: expected an array"),
+                         dropit::error);
+  }
+}
+
 TEST_CASE("solve_step_budget: the fastest frontier plan whose step fits; its gap to the optimum") {
   std::mt19937_64 rng(1616);
   int rounds = 0, fits = 0, optimal = 0;

@@ -564,8 +564,9 @@ struct fused_net : torch::nn::Module {
   }
 
   /// `sparse`: the ReLUs read by a convolution only may be stored sparse; `sparse_skips`: the
-  /// residual blocks' inputs too (read by a convolution and the addition).
-  dt::checkpointed_graph graph(bool sparse, bool sparse_skips = false) {
+  /// residual blocks' inputs too (read by a convolution and the addition); `additions`: each
+  /// block's last batch norm, residual addition and ReLU are three vertices.
+  dt::checkpointed_graph graph(bool sparse, bool sparse_skips = false, bool additions = false) {
     dt::checkpointed_graph g;
     auto conv = [&](std::size_t l, vertex in) {
       return g.add("conv" + std::to_string(l), {in},
@@ -582,6 +583,13 @@ struct fused_net : torch::nn::Module {
                 [this, l](auto& x) { return torch::relu(bns[l]->forward(x[0])); });
       if (sparse) g.allow_sparse(h, {dt::policy_kind::mink, 0.9});  // read by a conv only
       h = conv(l + 1, h);
+      if (additions) {
+        h = g.add("bn" + std::to_string(l + 1), {h},
+                  [this, l](auto& x) { return bns[l + 1]->forward(x[0]); });
+        h = g.add("add" + std::to_string(b), {h, skip}, [](auto& x) { return x[0] + x[1]; });
+        h = g.add("relu" + std::to_string(l + 1), {h}, [](auto& x) { return torch::relu(x[0]); });
+        continue;
+      }
       h = g.add("relu" + std::to_string(l + 1), {h, skip},
                 [this, l](auto& x) { return torch::relu(bns[l + 1]->forward(x[0]) + x[1]); });
     }
@@ -678,6 +686,34 @@ TEST_CASE("checkpointed_graph: the modelled step peak is the counting allocator'
       }
     }
     step_peak(g.use_plan(x, kept, packed));
+  }
+  SUBCASE("additions of their own hand their output gradient to both inputs") {
+    g = net.graph(true, false, true);
+    measured = g.measure(x);
+    // An addition's backward returns its output's gradient itself for both inputs: no new
+    // memory. Batch norm, ReLU and convolution compute new gradients.
+    CHECK(measured.passes_gradient(at("add0"), at("bn2")));
+    CHECK(measured.passes_gradient(at("add0"), at("relu0")));
+    CHECK(measured.passed_gradients(at("relu2")).empty());
+    CHECK(measured.passed_gradients(at("bn2")).empty());
+    CHECK(measured.passed_gradients(at("conv2")).empty());
+    CHECK_FALSE(measured.saves(at("add0"), at("bn2")));
+    // The plans whose backward peaks where an addition's gradients matter: there the model
+    // without the passed gradients (each counted as new memory) is more than 5% over.
+    auto without = measured;
+    for (vertex v = 0; v < g.size(); ++v)
+      without.set_passes_gradient(v, {});
+    std::vector<dropit::checkpoint::plan> plans;
+    for (const auto& point : dropit::checkpoint::solve_frontier(measured).points) {
+      auto plan = dropit::checkpoint::solve_budget(measured, point.memory);
+      const auto with_passes = dropit::checkpoint::simulate_step(measured, plan).peak;
+      if (static_cast<double>(dropit::checkpoint::simulate_step(without, plan).peak) >
+          1.05 * static_cast<double>(with_passes))
+        plans.push_back(std::move(plan));
+    }
+    REQUIRE(plans.size() >= 2);
+    for (const auto* plan : {&plans.front(), &plans.back()})
+      step_peak(g.use_plan(x, plan->checkpoints, plan->compressed));
   }
   const auto f = g.frontier(x);
   REQUIRE(f.points.size() >= 3);

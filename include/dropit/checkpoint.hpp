@@ -126,6 +126,18 @@ class graph {
   void set_unsaved(vertex_index v, std::vector<vertex_index> tensors);
 
   /**
+   * @brief Declares the inputs of vertex `v` whose gradient `v`'s backward returns without new
+   * memory: its output's gradient itself or a view of it (an addition gives both inputs the
+   * output gradient, a view or flatten its reshaped gradient, a concatenation slices of it).
+   * Used by `simulate_step` only: such an input's gradient shares the output gradient's buffer,
+   * which is freed when the last gradient using it is, and a gradient accumulated into a shared
+   * buffer takes a buffer of its own (autograd sums out of place then). By default every input
+   * gradient is new memory. Replaces what was declared before.
+   * @throw dropit::error if out of range, or a tensor is not an input of `v` (add the edges first)
+   */
+  void set_passes_gradient(vertex_index v, std::vector<vertex_index> inputs);
+
+  /**
    * @brief Offers a way to store vertex `v` compressed (see `storage_option`). A vertex without
    * options is exact-only: it is kept or recomputed. Options of the source and target are ignored
    * (both are always kept).
@@ -183,6 +195,12 @@ class graph {
   /** @brief Whether vertex `op`'s operation keeps `tensor` (itself or an input) for its backward.
    * @throw dropit::error if out of range */
   [[nodiscard]] bool saves(vertex_index op, vertex_index tensor) const;
+  /** @brief The inputs `set_passes_gradient` declared for `v` (sorted; empty: none).
+   * @throw dropit::error if out of range */
+  [[nodiscard]] std::span<const vertex_index> passed_gradients(vertex_index v) const;
+  /** @brief Whether vertex `op`'s backward hands `input` its output gradient (or a view of it)
+   * instead of new memory. @throw dropit::error if out of range */
+  [[nodiscard]] bool passes_gradient(vertex_index op, vertex_index input) const;
   /** @brief Whether an edge goes from `from` to `to` (O(edges)). */
   [[nodiscard]] bool has_edge(vertex_index from, vertex_index to) const noexcept;
   /** @brief Whether `set_time` gave the vertex a time. @throw dropit::error if out of range */
@@ -221,6 +239,7 @@ class graph {
   std::vector<double> times_;  // NaN: not set
   std::vector<cost_t> workspaces_;
   std::vector<std::vector<vertex_index>> unsaved_;
+  std::vector<std::vector<vertex_index>> passes_;
   std::vector<char> frees_early_;
   std::vector<std::vector<storage_option>> storage_;
   std::vector<edge> edges_;
@@ -407,7 +426,8 @@ struct step_memory {
  * @brief Reads a graph from JSON text:
  * `{"source": ID, "target": ID, "vertices": [{"id": ID, "cost": NUMBER, "time": NUMBER
  * (optional), "workspace": NUMBER (optional, read as a cost), "unsaved": [ID, ...] (optional: the
- * vertex itself and/or inputs of it, `graph::set_unsaved`), "frees_gradient_early": BOOLEAN
+ * vertex itself and/or inputs of it, `graph::set_unsaved`), "passes_gradient": [ID, ...]
+ * (optional: inputs of it, `graph::set_passes_gradient`), "frees_gradient_early": BOOLEAN
  * (optional, `graph::set_frees_gradient_early`), "storage": [{"name": STRING, "bytes":
  * NUMBER, "time": NUMBER (optional)}, ...] (optional)}, ...], "edges": [{"u": ID, "v": ID,
  * "compute": NUMBER (optional)}, ...]}`.
@@ -439,7 +459,8 @@ struct step_memory {
 
 /**
  * @brief A graph as JSON in the format `parse_graph_json` reads (edges with their "compute",
- * vertices with their "time" if set, "workspace" if not 0, "unsaved" and "storage" if any,
+ * vertices with their "time" if set, "workspace" if not 0, "unsaved", "passes_gradient" and
+ * "storage" if any,
  * "frees_gradient_early" if true).
  */
 [[nodiscard]] std::string to_json(const graph& g);

@@ -222,12 +222,14 @@ class checkpointed_graph {
   at::Tensor run_group(const group& gr, const std::vector<at::Tensor>& entries) const;
   // What each operation's backward needs, run on `values` (every vertex's tensor): the memory
   // it allocates beyond its inputs' gradients, the tensors (itself, its inputs) it does not keep,
-  // whether it frees its output's gradient early (`checkpoint::graph::set_workspace`,
-  // `set_unsaved`, `set_frees_gradient_early`).
+  // whether it frees its output's gradient early, the inputs it hands its output's gradient
+  // (`checkpoint::graph::set_workspace`, `set_unsaved`, `set_frees_gradient_early`,
+  // `set_passes_gradient`).
   struct backward_profile {
     std::vector<std::size_t> workspace;
     std::vector<std::vector<vertex>> unsaved;
     std::vector<char> frees_early;
+    std::vector<std::vector<vertex>> passes;
   };
   backward_profile measure_backward(const std::vector<at::Tensor>& values) const;
 

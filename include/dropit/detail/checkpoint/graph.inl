@@ -38,6 +38,7 @@ inline vertex_index graph::add_vertex(std::string id, cost_t cost) {
   times_.push_back(std::numeric_limits<double>::quiet_NaN());
   workspaces_.push_back(0);
   unsaved_.emplace_back();
+  passes_.emplace_back();
   frees_early_.push_back(0);
   storage_.emplace_back();
   total_ += cost;
@@ -85,6 +86,30 @@ inline void graph::set_unsaved(vertex_index v, std::vector<vertex_index> tensors
   std::sort(tensors.begin(), tensors.end());
   tensors.erase(std::unique(tensors.begin(), tensors.end()), tensors.end());
   unsaved_[v] = std::move(tensors);
+}
+
+inline void graph::set_passes_gradient(vertex_index v, std::vector<vertex_index> inputs) {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  for (const vertex_index t : inputs) {
+    DROPIT_EXPECTS(t < ids_.size(), "checkpoint: vertex ", detail::quote_id(ids_[v]), ": index ", t,
+                   " of an input passed its gradient out of range");
+    DROPIT_EXPECTS(has_edge(t, v), "checkpoint: vertex ", detail::quote_id(ids_[v]), ": vertex ",
+                   detail::quote_id(ids_[t]),
+                   " is not one of its inputs, so it cannot pass it its gradient");
+  }
+  std::sort(inputs.begin(), inputs.end());
+  inputs.erase(std::unique(inputs.begin(), inputs.end()), inputs.end());
+  passes_[v] = std::move(inputs);
+}
+
+inline std::span<const vertex_index> graph::passed_gradients(vertex_index v) const {
+  DROPIT_EXPECTS(v < ids_.size(), "checkpoint: vertex index ", v, " out of range");
+  return passes_[v];
+}
+
+inline bool graph::passes_gradient(vertex_index op, vertex_index input) const {
+  const std::span<const vertex_index> p = passed_gradients(op);
+  return std::binary_search(p.begin(), p.end(), input);
 }
 
 inline std::span<const vertex_index> graph::unsaved(vertex_index v) const {

@@ -384,11 +384,34 @@ class graph_loader {
          v.type == kind::number ? v.text : std::string(kind_name(v.type)));
   }
 
+  /// A vertex's list of ids that must name inputs of `v` (or `v` itself where `self_too`).
+  std::vector<vertex_index> inputs_of(const graph& g, vertex_index v, const value& list,
+                                      const char* key, bool self_too) const {
+    const std::string path = dropit::detail::concat("vertices[", v, "].", key);
+    expect(list, path, kind::array);
+    std::vector<vertex_index> out;
+    for (std::size_t i = 0; i < list.items.size(); ++i) {
+      const std::string item = dropit::detail::concat(path, '[', i, ']');
+      const std::string name = id(list.items[i], item);
+      const auto found = g.find(name);
+      if (!found) fail(list.items[i], item, "unknown vertex id \"", name, '"');
+      if (!(self_too && *found == v) && !g.has_edge(*found, v)) {
+        if (self_too)
+          fail(list.items[i], item, "vertex \"", name, "\" is neither \"", g.id(v),
+               "\" nor one of its inputs");
+        fail(list.items[i], item, "vertex \"", name, "\" is not one of \"", g.id(v), "\"'s inputs");
+      }
+      out.push_back(*found);
+    }
+    return out;
+  }
+
   graph load(const value& doc) const {
     expect(doc, "document", kind::object);
     graph g;
     const value& vs = expect(member(doc, "document", "vertices"), "vertices", kind::array);
-    std::vector<std::pair<vertex_index, const value*>> unsaved;  // read once the edges are in
+    // read once the edges are in
+    std::vector<std::pair<vertex_index, const value*>> unsaved, passes;
     for (std::size_t i = 0; i < vs.items.size(); ++i) {
       const std::string path = dropit::detail::concat("vertices[", i, ']');
       const value& vx = expect(vs.items[i], path, kind::object);
@@ -405,6 +428,7 @@ class graph_loader {
         g.set_workspace(v, cost(*wv, path + ".workspace"));
       if (const value* sv = vx.find("storage")) storage(g, v, *sv, path + ".storage");
       if (const value* uv = vx.find("unsaved")) unsaved.emplace_back(v, uv);
+      if (const value* pv = vx.find("passes_gradient")) passes.emplace_back(v, pv);
       if (const value* fv = vx.find("frees_gradient_early"))
         g.set_frees_gradient_early(
             v, expect(*fv, path + ".frees_gradient_early", kind::boolean).boolean);
@@ -431,22 +455,10 @@ class graph_loader {
       const value* comp = ex.find("compute");
       g.add_edge(ends[0], ends[1], comp ? number(*comp, path + ".compute") : 0.0);
     }
-    for (const auto& [v, uv] : unsaved) {
-      const std::string path = dropit::detail::concat("vertices[", v, "].unsaved");
-      expect(*uv, path, kind::array);
-      std::vector<vertex_index> tensors;
-      for (std::size_t i = 0; i < uv->items.size(); ++i) {
-        const std::string item = dropit::detail::concat(path, '[', i, ']');
-        const std::string name = id(uv->items[i], item);
-        const auto found = g.find(name);
-        if (!found) fail(uv->items[i], item, "unknown vertex id \"", name, '"');
-        if (*found != v && !g.has_edge(*found, v))
-          fail(uv->items[i], item, "vertex \"", name, "\" is neither \"", g.id(v),
-               "\" nor one of its inputs");
-        tensors.push_back(*found);
-      }
-      g.set_unsaved(v, std::move(tensors));
-    }
+    for (const auto& [v, uv] : unsaved)
+      g.set_unsaved(v, inputs_of(g, v, *uv, "unsaved", true));
+    for (const auto& [v, pv] : passes)
+      g.set_passes_gradient(v, inputs_of(g, v, *pv, "passes_gradient", false));
     for (const char* key : {"source", "target"}) {
       const value& idv = member(doc, "document", key);
       const std::string name = id(idv, key);
@@ -635,6 +647,12 @@ inline std::string to_json(const graph& g) {
       write_id(out, g.id(un[i]));
     }
     if (!un.empty()) out += "]";
+    const auto pg = g.passed_gradients(v);
+    for (std::size_t i = 0; i < pg.size(); ++i) {
+      out += i ? ", " : ", \"passes_gradient\": [";
+      write_id(out, g.id(pg[i]));
+    }
+    if (!pg.empty()) out += "]";
     if (g.frees_gradient_early(v)) out += ", \"frees_gradient_early\": true";
     const auto st = g.storage(v);
     for (std::size_t i = 0; i < st.size(); ++i) {

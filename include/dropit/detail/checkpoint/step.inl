@@ -129,17 +129,41 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
 
   // Backward, node by node from the last. Gradients: a vertex's gradient is allocated when the
   // first of its readers runs backward and freed when its own operation has (before that
-  // operation's inputs' gradients where it frees it early and autograd owns it).
-  std::vector<char> grad(n, 0);
-  const auto add_grad = [&](vertex_index u, vertex_index at) {
-    if (u == src || grad[u]) return;
-    grad[u] = 1;
+  // operation's inputs' gradients where it frees it early and autograd owns it). An operation
+  // that passes its output gradient to an input (`graph::passes_gradient`: an addition, a view)
+  // gives it the same buffer, freed with the last gradient using it; a later gradient of that
+  // input is then summed into a new buffer while another gradient still shares the old one
+  // (autograd adds in place only into a buffer it holds alone).
+  std::vector<std::size_t> buffer(n, never);  // the buffer of each vertex's gradient
+  std::vector<cost_t> buffer_bytes;
+  std::vector<std::size_t> buffer_users;
+  const auto new_buffer = [&](vertex_index u, vertex_index at) {
+    buffer[u] = buffer_bytes.size();
+    buffer_bytes.push_back(g.cost(u));
+    buffer_users.push_back(1);
     meter.add(g.cost(u), at);
   };
   const auto drop_grad = [&](vertex_index u) {
-    if (!grad[u]) return;
-    grad[u] = 0;
-    meter.remove(g.cost(u));
+    const std::size_t b = buffer[u];
+    if (b == never) return;
+    buffer[u] = never;
+    if (--buffer_users[b] == 0) meter.remove(buffer_bytes[b]);
+  };
+  const auto add_grad = [&](vertex_index u, vertex_index at) {
+    if (u == src) return;
+    const bool passed = g.passes_gradient(at, u) && buffer[at] != never;
+    if (buffer[u] == never) {
+      if (passed) {
+        buffer[u] = buffer[at];
+        ++buffer_users[buffer[u]];
+      } else {
+        new_buffer(u, at);
+      }
+    } else if (buffer_users[buffer[u]] > 1) {
+      const std::size_t shared = buffer[u];
+      new_buffer(u, at);  // the sum, while both terms are alive
+      if (--buffer_users[shared] == 0) meter.remove(buffer_bytes[shared]);
+    }
   };
   // An operation's own temporaries, while it computes its inputs' gradients.
   const auto workspace = [&](vertex_index w) {
@@ -151,6 +175,7 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
   // and its last reader.
   std::vector<vertex_index> members;
   std::vector<std::size_t> slot(n, never), keeper(n, never), last_use(n, never);
+  std::vector<std::size_t> kept_by_head, kept_by_next(n, never);
   add_grad(tgt, tgt);
   for (std::size_t i = groups.size(); i-- > 0;) {
     const detail::recompute_group& gr = groups[i];
@@ -193,6 +218,14 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
         for (vertex_index u : d.in(members[k]))
           if (slot[u] < k && keeper[u] == never && last_use[u] == k) meter.remove(g.cost(u));
       }
+      // The recomputed tensors each member's backward frees, as a list per member.
+      kept_by_head.assign(members.size(), never);
+      for (std::size_t j = 0; j + 1 < members.size(); ++j) {
+        const std::size_t k = keeper[members[j]];
+        if (k == never) continue;
+        kept_by_next[j] = kept_by_head[k];
+        kept_by_head[k] = j;
+      }
       for (std::size_t k = members.size(); k-- > 0;) {
         const vertex_index x = members[k];
         // The exit's gradient is the node's argument, held to the end; the others are autograd's.
@@ -201,8 +234,8 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
           add_grad(u, x);
         workspace(x);
         if (x != e) drop_grad(x);
-        for (std::size_t j = 0; j <= k; ++j)
-          if (j + 1 < members.size() && keeper[members[j]] == k) meter.remove(g.cost(members[j]));
+        for (std::size_t j = kept_by_head[k]; j != never; j = kept_by_next[j])
+          meter.remove(g.cost(members[j]));
       }
       meter.remove(restored + g.cost(e));  // the restored entries and the exit's recomputation
       drop_grad(e);

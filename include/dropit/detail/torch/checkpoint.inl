@@ -291,6 +291,7 @@ inline checkpoint::graph checkpointed_graph::measure(const at::Tensor& example,
       g.add_edge(u, v);
     g.set_unsaved(v, backward.unsaved[v]);
     g.set_frees_gradient_early(v, backward.frees_early[v] != 0);
+    g.set_passes_gradient(v, backward.passes[v]);
   }
   g.set_source(vertex{0});
   g.set_target(size() - 1);
@@ -317,7 +318,7 @@ inline checkpointed_graph::backward_profile checkpointed_graph::measure_backward
   const cpu_allocator_guard install(probe);
   const at::AutoGradMode grad(true);
   backward_profile r{std::vector<std::size_t>(size(), 0), std::vector<std::vector<vertex>>(size()),
-                     std::vector<char>(size(), 0)};
+                     std::vector<char>(size(), 0), std::vector<std::vector<vertex>>(size())};
   for (vertex v = 1; v < size(); ++v) {
     // One argument tensor per distinct input vertex. One that gets a gradient is a view of a
     // leaf, so that the graph refers to it only if the operation keeps it (a leaf is also held
@@ -347,8 +348,12 @@ inline checkpointed_graph::backward_profile checkpointed_graph::measure_backward
         // AccumulateGrad nodes of its graph), returned rather than accumulated: the parameters'
         // `.grad` stay untouched.
         ::torch::autograd::variable_list wrt;
+        std::vector<vertex> wrt_vertex;
         for (const auto& [u, t] : leaf)
-          if (t.requires_grad()) wrt.push_back(t);
+          if (t.requires_grad()) {
+            wrt.push_back(t);
+            wrt_vertex.push_back(u);
+          }
         const std::size_t inputs = wrt.size();
         for (const at::Tensor& p : detail::parameters_of(out))
           if (std::none_of(wrt.begin(), wrt.end(),
@@ -369,6 +374,7 @@ inline checkpointed_graph::backward_profile checkpointed_graph::measure_backward
           for (std::size_t i = 0; i < inputs; ++i) {
             if (!got[i].defined()) continue;
             const void* data = got[i].storage().data();
+            if (data == storages.front()) r.passes[v].push_back(wrt_vertex[i]);
             if (std::find(storages.begin(), storages.end(), data) != storages.end()) continue;
             storages.push_back(data);
             grads += got[i].storage().nbytes();
