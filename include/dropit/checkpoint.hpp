@@ -413,11 +413,15 @@ struct step_memory {
 [[nodiscard]] step_memory simulate_step(const graph& g, const plan& p);
 
 /**
- * @brief The plan with the least extra time whose step peak (`simulate_step(g, plan).peak`) is at
- * most `budget`, among the plans of the (memory, time) frontier (`solve_frontier`): a heuristic,
- * `plan::exact` is false. Costs up to one pass of the dynamic program per frontier point.
- * @throw dropit::error if the graph is not valid, or if no frontier plan fits (the message gives
- * the least step peak)
+ * @brief A fast plan whose step peak (`simulate_step(g, plan).peak`) is at most `budget`: a
+ * heuristic, `plan::exact` is false. It starts from the fastest plan of the (memory, time)
+ * frontier (`solve_frontier`) whose step fits (a frontier of more than 64 points is bisected by
+ * step peak, each point tried costing a pass of the dynamic program), or, if none fits, from the
+ * one with the least step peak, moved one vertex's decision at a time (kept, dropped, compressed
+ * with an option) to the neighbour with the least step peak until it fits; then, while some
+ * neighbour is faster and fits, it moves to the fastest one.
+ * @throw dropit::error if the graph is not valid, or if no plan is found that fits (the message
+ * gives the least step peak found)
  */
 [[nodiscard]] plan solve_step_budget(const graph& g, cost_t budget,
                                      const budget_options& options = {});

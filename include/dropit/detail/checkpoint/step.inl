@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace dropit::checkpoint {
@@ -35,6 +37,120 @@ class byte_meter {
  private:
   cost_t now_ = 0, peak_ = 0;
   vertex_index at_ = 0;
+};
+
+/**
+ * The local search after `solve_step_budget`'s frontier search, over the plans one vertex's
+ * decision away (kept, dropped, or compressed with one of its options) from the current one,
+ * priced by `evaluate` (an assignment that is no plan, which it rejects by throwing, is skipped)
+ * and `simulate_step`. Both steps update the plan and its step peak in place: `lower_peak` moves
+ * to the neighbour with the least step peak while that is below the current one, until it fits
+ * in the budget (from an over-budget plan); `lower_time` moves to the fastest neighbour that
+ * fits, while it is faster.
+ */
+class step_search {
+ public:
+  step_search(const graph& g, cost_t budget) : g_(g), budget_(budget), times_(vertex_times(g)) {}
+
+  void lower_peak(plan& p, cost_t& peak) const {
+    for (;;) {
+      std::optional<std::pair<plan, cost_t>> best;
+      for_each_neighbour(p, [&](plan&& q) {
+        const cost_t qp = simulate_step(g_, q).peak;
+        if (qp < (best ? best->second : peak)) best.emplace(std::move(q), qp);
+      });
+      if (!best) return;
+      p = std::move(best->first);
+      peak = best->second;
+      if (peak <= budget_) return;
+    }
+  }
+
+  void lower_time(plan& p, cost_t& peak) const {
+    // Only a dropped or compressed vertex can make the plan faster (kept instead, or dropped or
+    // compressed at a lower time), by the difference of the two times: those moves, largest gain
+    // first; the first that fits is the fastest neighbour that fits.
+    struct change {
+      double gain;
+      vertex_index v;
+      long to;
+    };
+    std::vector<change> moves;
+    for (;;) {
+      const std::vector<long> choice = choices(p);
+      moves.clear();
+      for (vertex_index v = 0; v < choice.size(); ++v) {
+        if (v == g_.source() || v == g_.target() || choice[v] == 0) continue;
+        const auto options = g_.storage(v);
+        const auto cost = [&](long c) {
+          return c < 0 ? times_[v] : c == 0 ? 0.0 : options[c - 1].time;
+        };
+        const double now = cost(choice[v]);
+        for (long to = -1; to <= static_cast<long>(options.size()); ++to)
+          if (cost(to) < now) moves.push_back({now - cost(to), v, to});
+      }
+      std::sort(moves.begin(), moves.end(), [](const change& a, const change& b) {
+        return a.gain != b.gain ? a.gain > b.gain : a.v != b.v ? a.v < b.v : a.to < b.to;
+      });
+      bool moved = false;
+      for (const change& m : moves) {
+        std::optional<plan> q = with_choice(choice, m.v, m.to);
+        if (!q || !(q->extra_time < p.extra_time)) continue;
+        const cost_t qp = simulate_step(g_, *q).peak;
+        if (qp > budget_) continue;
+        p = std::move(*q);
+        peak = qp;
+        moved = true;
+        break;
+      }
+      if (!moved) return;
+    }
+  }
+
+ private:
+  /// Per vertex: -1 dropped, 0 kept, k > 0 compressed with option k - 1.
+  static std::vector<long> choices(const plan& p) {
+    std::vector<long> choice(p.decisions.size(), -1);
+    for (vertex_index v = 0; v < choice.size(); ++v)
+      if (p.decisions[v] == decision::keep) choice[v] = 0;
+    for (const compression& c : p.compressed)
+      choice[c.vertex] = static_cast<long>(c.option) + 1;
+    return choice;
+  }
+
+  /// The plan of `choice` with vertex v's choice `to`, if that is a plan (not, e.g., a pack that
+  /// feeds a recomputation or a group with two exits).
+  std::optional<plan> with_choice(const std::vector<long>& choice, vertex_index v, long to) const {
+    std::vector<vertex_index> keep;
+    std::vector<compression> packed;
+    for (vertex_index u = 0; u < choice.size(); ++u) {
+      if (u == g_.source() || u == g_.target()) continue;
+      const long c = u == v ? to : choice[u];
+      if (c == 0) keep.push_back(u);
+      if (c > 0) packed.push_back({u, static_cast<std::size_t>(c - 1)});
+    }
+    try {
+      return evaluate(g_, keep, packed);
+    } catch (const dropit::error&) {
+      return std::nullopt;
+    }
+  }
+
+  template <class F>
+  void for_each_neighbour(const plan& p, F&& f) const {
+    const std::vector<long> choice = choices(p);
+    for (vertex_index v = 0; v < choice.size(); ++v) {
+      if (v == g_.source() || v == g_.target()) continue;
+      const long options = static_cast<long>(g_.storage(v).size());
+      for (long to = -1; to <= options; ++to)
+        if (to != choice[v])
+          if (std::optional<plan> q = with_choice(choice, v, to)) f(std::move(*q));
+    }
+  }
+
+  const graph& g_;
+  cost_t budget_;
+  std::vector<double> times_;  // graph::time of every vertex
 };
 
 }  // namespace detail
@@ -267,21 +383,55 @@ inline plan solve_step_budget(const graph& g, cost_t budget, const budget_option
   const detail::division_tree tree = detail::tree_builder(d).build();
   detail::budget_search search(g, d, tree, options);
   const std::vector<detail::budget_hit> front = search.run(-1);
-  // From the fastest plan of the frontier to the smallest: the first whose step fits.
-  cost_t least = std::numeric_limits<cost_t>::max();
-  for (auto it = front.rbegin(); it != front.rend(); ++it) {
-    plan p = search.make_plan(g, d, *it);
+  // A frontier plan to start from: the fastest whose step fits, else the one with the least step
+  // peak. Each costs a pass of the dynamic program, so a frontier of more than `scan_limit`
+  // points is bisected instead (the step peak mostly grows with the planner's memory) between the
+  // least-memory point that fits and the fastest point, and the points just above the boundary
+  // found are tried too.
+  constexpr std::size_t scan_limit = 64, above_boundary = 8;
+  std::optional<plan> best;
+  cost_t best_peak = std::numeric_limits<cost_t>::max();
+  const auto visit = [&](std::size_t i) {
+    plan p = search.make_plan(g, d, front[i]);
     const cost_t peak = simulate_step(g, p).peak;
-    least = std::min(least, peak);
-    if (peak > budget) continue;
-    p.exact = false;
-    p.search_passes = search.passes();
-    p.solve_seconds = detail::seconds_since(start);
-    return p;
+    const bool fits = peak <= budget, best_fits = best_peak <= budget;
+    // Frontier points are by memory, ascending, so by time, descending: a later fitting point is
+    // faster.
+    if (fits ? !best_fits || p.extra_time < best->extra_time : !best_fits && peak < best_peak) {
+      best = std::move(p);
+      best_peak = peak;
+    }
+    return fits;
+  };
+  if (front.size() <= scan_limit) {
+    for (std::size_t i = front.size(); i-- > 0;)
+      if (visit(i)) break;
+  } else if (!visit(front.size() - 1)) {
+    // The least-memory points first (the least step peaks lie there), up to the first that fits.
+    std::size_t lo = front.size();
+    for (std::size_t i = 0; i < scan_limit && lo == front.size(); ++i)
+      if (visit(i)) lo = i;
+    if (lo < front.size()) {
+      std::size_t hi = front.size() - 1;  // lo fits, hi does not
+      while (hi - lo > 1) {
+        const std::size_t mid = lo + (hi - lo) / 2;
+        (visit(mid) ? lo : hi) = mid;
+      }
+      for (std::size_t i = hi + 1; i < std::min(front.size() - 1, hi + 1 + above_boundary); ++i)
+        (void)visit(i);
+    }
   }
-  dropit::detail::throw_error("checkpoint: solve_step_budget: no plan fits in ", budget,
-                              "; the least step peak of the ", front.size(), " frontier plans is ",
-                              least);
+  DROPIT_EXPECTS(best.has_value(), "checkpoint: solve_step_budget: the frontier has no plan");
+  const detail::step_search local(g, budget);
+  if (best_peak > budget) local.lower_peak(*best, best_peak);
+  DROPIT_EXPECTS(best_peak <= budget, "checkpoint: solve_step_budget: no plan fits in ", budget,
+                 "; the least step peak of the frontier plans tried (of ", front.size(),
+                 ") and their neighbours is ", best_peak);
+  local.lower_time(*best, best_peak);
+  best->exact = false;
+  best->search_passes = search.passes();
+  best->solve_seconds = detail::seconds_since(start);
+  return std::move(*best);
 }
 
 }  // namespace dropit::checkpoint
