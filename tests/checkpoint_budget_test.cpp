@@ -932,21 +932,23 @@ TEST_CASE("a residual block: a gradient from two readers is allocated once") {
   g.set_target("t");
   // a's stored copy lives until its first node in forward order (its own) has run backward.
   // Stored 15; grad t: 16; t's op: grad c (18), grad t and t freed (16); c's op: grads b and a
-  // (28, the peak), grad c and c freed (24); b's op: a already has its gradient, so only b's
-  // workspace of 9 (33); grad b and b freed (16); a's op: grad a and a freed (0).
+  // (28), grad c and c freed (24); b's op: a already has its gradient, and b's op computes a
+  // second one (8), added into the first after the op: with b's workspace of 9, 41 (the peak);
+  // grad b and b freed (16); a's op: grad a and a freed (0).
   g.set_workspace(2, 9);
   const ck::vertex_index all[] = {1, 2, 3};
   const ck::step_memory m = ck::simulate_step(g, ck::evaluate(g, all));
   CHECK(m.stored == 15);
   CHECK(m.forward_peak == 15);
-  CHECK(m.peak == 33);  // 41 if grad a were allocated again for b
+  CHECK(m.peak == 41);  // 33 without the second gradient of a; 49 if it were kept
   CHECK(m.peak_vertex == 2);
 }
 
 TEST_CASE("a residual addition that passes its output gradient to its inputs") {
   // The block above with c an addition (b + a): its backward hands both inputs grad c itself.
+  // Costs a 5, b 1, c 7, t 1 (stored 14); after t's op the step holds a, b, c and grad c: 20.
   ck::graph g;
-  for (const auto& [id, cost] : {std::pair{"s", 50}, {"a", 8}, {"b", 4}, {"c", 2}, {"t", 1}})
+  for (const auto& [id, cost] : {std::pair{"s", 50}, {"a", 5}, {"b", 1}, {"c", 7}, {"t", 1}})
     g.add_vertex(id, cost);
   g.add_edge("s", "a");
   g.add_edge("a", "b");
@@ -958,28 +960,31 @@ TEST_CASE("a residual addition that passes its output gradient to its inputs") {
   const ck::vertex_index all[] = {1, 2, 3};
   const auto peak = [&] {
     const ck::step_memory m = ck::simulate_step(g, ck::evaluate(g, all));
-    CHECK(m.stored == 15);  // forward is unchanged
+    CHECK(m.stored == 14);  // forward is unchanged
     return std::pair{m.peak, m.peak_vertex};
   };
-  // New gradients (the default): c's op allocates grad b and grad a beside grad c: 16 + 4 + 8.
-  CHECK(peak() == std::pair<ck::cost_t, ck::vertex_index>{28, 3});
+  using at = std::pair<ck::cost_t, ck::vertex_index>;
+  // New gradients (the default): c's op allocates grad b and grad a beside grad c: 20 + 1 + 5.
+  CHECK(peak() == at{26, 3});
   SUBCASE("passed to b only") {
-    // c's op: grad a (8) only, 24; grad b is grad c's buffer, freed after b's op.
+    // c's op: grad a (5) only, 25; grad b is grad c's buffer, freed with grad b. (b's op then
+    // holds a second gradient of a while it runs: 18 + 5.)
     g.set_passes_gradient(3, {2});
     CHECK(g.passes_gradient(3, 2));
     CHECK_FALSE(g.passes_gradient(3, 1));
-    CHECK(peak() == std::pair<ck::cost_t, ck::vertex_index>{24, 3});
+    CHECK(peak() == at{25, 3});
   }
   SUBCASE("passed to both") {
-    // c's op allocates nothing; grad c and c freed: 14 (the buffer lives on as grad a and
-    // grad b). b's op adds its gradient of a to grad a, a buffer grad b still shares, so the
-    // sum is a new buffer of 8: 22, the peak; then the shared buffer goes with grad b.
+    // c's op allocates nothing; grad c and c freed: 13 (the buffer lives on as grad a and
+    // grad b). b's op computes a second gradient of a (5, 18) and adds it to grad a, a buffer
+    // grad b still shares, so the sum is a new buffer of 5: 23, the peak; then the second
+    // gradient goes, and the shared buffer with grad b.
     g.set_passes_gradient(3, {1, 2});
-    CHECK(peak() == std::pair<ck::cost_t, ck::vertex_index>{22, 2});
+    CHECK(peak() == at{23, 2});
     // Were grad b freed before b's op (it frees its output's gradient early), grad a would be
-    // the buffer's only user and the sum in place: 14 is then the most after t's op (18).
+    // the buffer's only user and the sum in place (18 at b's op): t's op's 22 is the peak.
     g.set_frees_gradient_early(2, true);
-    CHECK(peak() == std::pair<ck::cost_t, ck::vertex_index>{18, 4});
+    CHECK(peak() == at{22, 4});
   }
   SUBCASE("JSON and bad input") {
     g.set_passes_gradient(3, {2, 1, 2});

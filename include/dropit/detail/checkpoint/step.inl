@@ -265,6 +265,11 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
     buffer[u] = never;
     if (--buffer_users[b] == 0) meter.remove(buffer_bytes[b]);
   };
+  // Gradients an op computes for inputs that already have one: alive while the op runs, then
+  // added into the input's buffer (in place, or into a new buffer while another gradient shares
+  // it) and freed.
+  std::vector<vertex_index> summands;
+  std::vector<char> summand_bytes;
   const auto add_grad = [&](vertex_index u, vertex_index at) {
     if (u == src) return;
     const bool passed = g.passes_gradient(at, u) && buffer[at] != never;
@@ -275,16 +280,27 @@ inline step_memory simulate_step(const graph& g, const plan& p) {
       } else {
         new_buffer(u, at);
       }
-    } else if (buffer_users[buffer[u]] > 1) {
-      const std::size_t shared = buffer[u];
-      new_buffer(u, at);  // the sum, while both terms are alive
-      if (--buffer_users[shared] == 0) meter.remove(buffer_bytes[shared]);
+      return;
     }
+    if (!passed) meter.add(g.cost(u), at);
+    summands.push_back(u);
+    summand_bytes.push_back(passed ? 0 : 1);
   };
-  // An operation's own temporaries, while it computes its inputs' gradients.
+  // An operation's own temporaries, while it computes its inputs' gradients; then the sums.
   const auto workspace = [&](vertex_index w) {
     meter.add(g.workspace(w), w);
     meter.remove(g.workspace(w));
+    for (std::size_t i = 0; i < summands.size(); ++i) {
+      const vertex_index u = summands[i];
+      if (buffer_users[buffer[u]] > 1) {
+        const std::size_t shared = buffer[u];
+        new_buffer(u, w);  // the sum, while both terms are alive
+        if (--buffer_users[shared] == 0) meter.remove(buffer_bytes[shared]);
+      }
+      if (summand_bytes[i]) meter.remove(g.cost(u));
+    }
+    summands.clear();
+    summand_bytes.clear();
   };
   // Per group: its members (inside vertices, then the exit), each vertex's place among them
   // (`never` outside the group), and for an inside vertex the member whose backward frees it
