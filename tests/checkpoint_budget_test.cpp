@@ -918,18 +918,25 @@ TEST_CASE("simulate_step: what each operation keeps for backward, and gradients 
   }
 }
 
-TEST_CASE("a residual block: a gradient from two readers is allocated once") {
-  // s -> a -> b -> c -> t and a -> c (a skip): all kept. Costs a 8, b 4, c 2, t 1.
+namespace {
+/// s -> a -> b -> c -> t and a -> c (a skip), with the costs of a, b and c (s 50, t 1).
+ck::graph residual_block(ck::cost_t a, ck::cost_t b, ck::cost_t c) {
   ck::graph g;
-  for (const auto& [id, cost] : {std::pair{"s", 50}, {"a", 8}, {"b", 4}, {"c", 2}, {"t", 1}})
+  for (const auto& [id, cost] :
+       {std::pair<const char*, ck::cost_t>{"s", 50}, {"a", a}, {"b", b}, {"c", c}, {"t", 1}})
     g.add_vertex(id, cost);
-  g.add_edge("s", "a");
-  g.add_edge("a", "b");
-  g.add_edge("b", "c");
-  g.add_edge("a", "c");
-  g.add_edge("c", "t");
+  for (const auto& [from, to] :
+       {std::pair{"s", "a"}, {"a", "b"}, {"b", "c"}, {"a", "c"}, {"c", "t"}})
+    g.add_edge(from, to);
   g.set_source("s");
   g.set_target("t");
+  return g;
+}
+}  // namespace
+
+TEST_CASE("a residual block: one buffer for a gradient from two readers, a second while summed") {
+  // All kept. Costs a 8, b 4, c 2, t 1.
+  ck::graph g = residual_block(8, 4, 2);
   // a's stored copy lives until its first node in forward order (its own) has run backward.
   // Stored 15; grad t: 16; t's op: grad c (18), grad t and t freed (16); c's op: grads b and a
   // (28), grad c and c freed (24); b's op: a already has its gradient, and b's op computes a
@@ -947,16 +954,7 @@ TEST_CASE("a residual block: a gradient from two readers is allocated once") {
 TEST_CASE("a residual addition that passes its output gradient to its inputs") {
   // The block above with c an addition (b + a): its backward hands both inputs grad c itself.
   // Costs a 5, b 1, c 7, t 1 (stored 14); after t's op the step holds a, b, c and grad c: 20.
-  ck::graph g;
-  for (const auto& [id, cost] : {std::pair{"s", 50}, {"a", 5}, {"b", 1}, {"c", 7}, {"t", 1}})
-    g.add_vertex(id, cost);
-  g.add_edge("s", "a");
-  g.add_edge("a", "b");
-  g.add_edge("b", "c");
-  g.add_edge("a", "c");
-  g.add_edge("c", "t");
-  g.set_source("s");
-  g.set_target("t");
+  ck::graph g = residual_block(5, 1, 7);
   const ck::vertex_index all[] = {1, 2, 3};
   const auto peak = [&] {
     const ck::step_memory m = ck::simulate_step(g, ck::evaluate(g, all));
