@@ -1100,6 +1100,8 @@ TEST_CASE(
           "; the largest extra time over the optimum: ", worst_gap);
   CHECK(fits > 1000);
   CHECK(optimal > frontier_optimal);  // the local search finds faster plans
+  // With pairs of changes (measured: 98.4%; single changes alone reached 91%).
+  CHECK(optimal * 100 >= fits * 97);
 }
 
 TEST_CASE("solve_step_budget on a large frontier: bisected, never slower than the scan") {

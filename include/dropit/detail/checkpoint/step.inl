@@ -46,7 +46,7 @@ class byte_meter {
  * and `simulate_step`. Both steps update the plan and its step peak in place: `lower_peak` moves
  * to the neighbour with the least step peak while that is below the current one, until it fits
  * in the budget (from an over-budget plan); `lower_time` moves to the fastest neighbour that
- * fits, while it is faster.
+ * fits, while it is faster, and when none is, to a plan two changes away (`pair_move`).
  */
 class step_search {
  public:
@@ -70,30 +70,12 @@ class step_search {
     // Only a dropped or compressed vertex can make the plan faster (kept instead, or dropped or
     // compressed at a lower time), by the difference of the two times: those moves, largest gain
     // first; the first that fits is the fastest neighbour that fits.
-    struct change {
-      double gain;
-      vertex_index v;
-      long to;
-    };
-    std::vector<change> moves;
+    std::vector<change> saving, other;
     for (;;) {
       const std::vector<long> choice = choices(p);
-      moves.clear();
-      for (vertex_index v = 0; v < choice.size(); ++v) {
-        if (v == g_.source() || v == g_.target() || choice[v] == 0) continue;
-        const auto options = g_.storage(v);
-        const auto cost = [&](long c) {
-          return c < 0 ? times_[v] : c == 0 ? 0.0 : options[c - 1].time;
-        };
-        const double now = cost(choice[v]);
-        for (long to = -1; to <= static_cast<long>(options.size()); ++to)
-          if (cost(to) < now) moves.push_back({now - cost(to), v, to});
-      }
-      std::sort(moves.begin(), moves.end(), [](const change& a, const change& b) {
-        return a.gain != b.gain ? a.gain > b.gain : a.v != b.v ? a.v < b.v : a.to < b.to;
-      });
+      changes(choice, saving, other);
       bool moved = false;
-      for (const change& m : moves) {
+      for (const change& m : saving) {
         std::optional<plan> q = with_choice(choice, m.v, m.to);
         if (!q || !(q->extra_time < p.extra_time)) continue;
         const cost_t qp = simulate_step(g_, *q).peak;
@@ -103,11 +85,84 @@ class step_search {
         moved = true;
         break;
       }
-      if (!moved) return;
+      if (!moved && !pair_move(p, peak, choice, saving, other)) return;
     }
   }
 
  private:
+  /// One vertex's decision changed: `delta` = extra time after less before.
+  struct change {
+    double delta;
+    vertex_index v;
+    long to;
+  };
+
+  /// Every single change of `choice`: the faster ones (`saving`, largest saving first) and the
+  /// others (smallest cost first).
+  void changes(const std::vector<long>& choice, std::vector<change>& saving,
+               std::vector<change>& other) const {
+    saving.clear();
+    other.clear();
+    for (vertex_index v = 0; v < choice.size(); ++v) {
+      if (v == g_.source() || v == g_.target()) continue;
+      const auto options = g_.storage(v);
+      const auto cost = [&](long c) {
+        return c < 0 ? times_[v] : c == 0 ? 0.0 : options[c - 1].time;
+      };
+      const double now = cost(choice[v]);
+      for (long to = -1; to <= static_cast<long>(options.size()); ++to)
+        if (to != choice[v]) (cost(to) < now ? saving : other).push_back({cost(to) - now, v, to});
+    }
+    const auto by_delta = [](const change& a, const change& b) {
+      return a.delta != b.delta ? a.delta < b.delta : a.v != b.v ? a.v < b.v : a.to < b.to;
+    };
+    std::sort(saving.begin(), saving.end(), by_delta);
+    std::sort(other.begin(), other.end(), by_delta);
+  }
+
+  /// When no single change is faster and fits: two vertices' decisions changed at once for a net
+  /// saving (e.g. one tensor kept instead of recomputed, another recomputed or compressed to make
+  /// room). Pairs of the `pair_width` largest savings with each other and with the `pair_width`
+  /// smallest other changes, by net saving, largest first; the first that fits is taken, after at
+  /// most `pair_tries` priced by `simulate_step`. Returns whether it moved.
+  bool pair_move(plan& p, cost_t& peak, const std::vector<long>& choice,
+                 const std::vector<change>& saving, const std::vector<change>& other) const {
+    constexpr std::size_t pair_width = 32, pair_tries = 256;
+    const std::size_t ns = std::min(saving.size(), pair_width);
+    const std::size_t no = std::min(other.size(), pair_width);
+    struct pair_change {
+      double delta;
+      std::size_t a, b;  // saving[a] and saving[b] (b < pair_width) or other[b - pair_width]
+    };
+    std::vector<pair_change> pairs;
+    for (std::size_t a = 0; a < ns; ++a) {
+      for (std::size_t b = a + 1; b < ns; ++b)
+        if (saving[a].v != saving[b].v) pairs.push_back({saving[a].delta + saving[b].delta, a, b});
+      for (std::size_t b = 0; b < no; ++b)
+        if (saving[a].v != other[b].v && saving[a].delta + other[b].delta < 0.0)
+          pairs.push_back({saving[a].delta + other[b].delta, a, pair_width + b});
+    }
+    std::sort(pairs.begin(), pairs.end(), [](const pair_change& x, const pair_change& y) {
+      return x.delta != y.delta ? x.delta < y.delta : x.a != y.a ? x.a < y.a : x.b < y.b;
+    });
+    std::size_t tried = 0;
+    for (const pair_change& pc : pairs) {
+      const change& first = saving[pc.a];
+      const change& second = pc.b < pair_width ? saving[pc.b] : other[pc.b - pair_width];
+      std::vector<long> next = choice;
+      next[first.v] = first.to;
+      std::optional<plan> q = with_choice(next, second.v, second.to);
+      if (!q || !(q->extra_time < p.extra_time)) continue;
+      if (++tried > pair_tries) break;
+      const cost_t qp = simulate_step(g_, *q).peak;
+      if (qp > budget_) continue;
+      p = std::move(*q);
+      peak = qp;
+      return true;
+    }
+    return false;
+  }
+
   /// Per vertex: -1 dropped, 0 kept, k > 0 compressed with option k - 1.
   static std::vector<long> choices(const plan& p) {
     std::vector<long> choice(p.decisions.size(), -1);
