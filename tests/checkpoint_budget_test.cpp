@@ -1025,7 +1025,8 @@ TEST_CASE(
     "solve_step_budget: the frontier's fastest fitting plan, improved by local search; its "
     "gap to the optimum") {
   std::mt19937_64 rng(1616);
-  int rounds = 0, fits = 0, optimal = 0, frontier_optimal = 0, improved = 0, found = 0;
+  int rounds = 0, fits = 0, optimal = 0, frontier_optimal = 0, improved = 0, found = 0,
+      unsolved = 0;
   double worst_gap = 0.0;
   for (int round = 0; round < 300; ++round) {
     family kind{};
@@ -1074,6 +1075,7 @@ TEST_CASE(
       } catch (const dropit::error& e) {
         // Only where no frontier plan fits and no chain of single changes reaches the budget.
         CHECK_FALSE(on_front.has_value());
+        ++unsolved;  // every budget is some plan's peak: one exists
         CHECK(std::string(e.what()).find("no plan fits") != std::string::npos);
         continue;
       }
@@ -1097,11 +1099,13 @@ TEST_CASE(
   MESSAGE("step budgets solved: ", fits, ", at the exhaustive optimum: ", optimal,
           " (the frontier's fastest fitting plan alone: ", frontier_optimal, "); improved by the ",
           "local search: ", improved, ", found by it where no frontier plan fits: ", found,
-          "; the largest extra time over the optimum: ", worst_gap);
+          "; the largest extra time over the optimum: ", worst_gap, "; not solved: ", unsolved);
   CHECK(fits > 1000);
   CHECK(optimal > frontier_optimal);  // the local search finds faster plans
-  // With pairs of changes (measured: 98.4%; single changes alone reached 91%).
+  // With pairs of changes (measured: 98.4% optimal, 31 not solved; single changes alone: 91%
+  // and 79).
   CHECK(optimal * 100 >= fits * 97);
+  CHECK(unsolved <= 40);
 }
 
 TEST_CASE("solve_step_budget on a large frontier: bisected, never slower than the scan") {

@@ -45,20 +45,36 @@ class byte_meter {
  * priced by `evaluate` (an assignment that is no plan, which it rejects by throwing, is skipped)
  * and `simulate_step`. Both steps update the plan and its step peak in place: `lower_peak` moves
  * to the neighbour with the least step peak while that is below the current one, until it fits
- * in the budget (from an over-budget plan); `lower_time` moves to the fastest neighbour that
- * fits, while it is faster, and when none is, to a plan two changes away (`pair_move`).
+ * in the budget (from an over-budget plan), or to the plan two changes away with the least step
+ * peak when no neighbour lowers it (`least_peak_pair`); `lower_time` moves to the fastest
+ * neighbour that fits, while it is faster, and when none is, to a plan two changes away
+ * (`pair_move`).
  */
 class step_search {
  public:
   step_search(const graph& g, cost_t budget) : g_(g), budget_(budget), times_(vertex_times(g)) {}
 
   void lower_peak(plan& p, cost_t& peak) const {
+    std::vector<std::pair<cost_t, change>> singles;  // each valid single change and its peak
     for (;;) {
       std::optional<std::pair<plan, cost_t>> best;
-      for_each_neighbour(p, [&](plan&& q) {
-        const cost_t qp = simulate_step(g_, q).peak;
-        if (qp < (best ? best->second : peak)) best.emplace(std::move(q), qp);
-      });
+      const std::vector<long> choice = choices(p);
+      singles.clear();
+      for (vertex_index v = 0; v < choice.size(); ++v) {
+        if (v == g_.source() || v == g_.target()) continue;
+        const long options = static_cast<long>(g_.storage(v).size());
+        for (long to = -1; to <= options; ++to) {
+          if (to == choice[v]) continue;
+          std::optional<plan> q = with_choice(choice, v, to);
+          if (!q) continue;
+          const cost_t qp = simulate_step(g_, *q).peak;
+          singles.push_back({qp, {0.0, v, to}});
+          if (qp < (best ? best->second : peak)) best.emplace(std::move(*q), qp);
+        }
+      }
+      // None lowers the peak: two changes at once, of the `pair_width` singles with the least
+      // peaks.
+      if (!best) best = least_peak_pair(choice, singles, peak);
       if (!best) return;
       p = std::move(best->first);
       peak = best->second;
@@ -118,6 +134,35 @@ class step_search {
     };
     std::sort(saving.begin(), saving.end(), by_delta);
     std::sort(other.begin(), other.end(), by_delta);
+  }
+
+  /// The plan two changes away with the least step peak below `peak`, if any: pairs of the
+  /// `pair_width` single changes of the least peaks (different vertices).
+  std::optional<std::pair<plan, cost_t>> least_peak_pair(
+      const std::vector<long>& choice, std::vector<std::pair<cost_t, change>>& singles,
+      cost_t peak) const {
+    constexpr std::size_t pair_width = 32;
+    std::sort(singles.begin(), singles.end(), [](const auto& x, const auto& y) {
+      return x.first != y.first         ? x.first < y.first
+             : x.second.v != y.second.v ? x.second.v < y.second.v
+                                        : x.second.to < y.second.to;
+    });
+    const std::size_t m = std::min(singles.size(), pair_width);
+    std::optional<std::pair<plan, cost_t>> best;
+    for (std::size_t a = 0; a < m; ++a) {
+      for (std::size_t b = a + 1; b < m; ++b) {
+        const change& x = singles[a].second;
+        const change& y = singles[b].second;
+        if (x.v == y.v) continue;
+        std::vector<long> next = choice;
+        next[x.v] = x.to;
+        std::optional<plan> q = with_choice(next, y.v, y.to);
+        if (!q) continue;
+        const cost_t qp = simulate_step(g_, *q).peak;
+        if (qp < (best ? best->second : peak)) best.emplace(std::move(*q), qp);
+      }
+    }
+    return best;
   }
 
   /// When no single change is faster and fits: two vertices' decisions changed at once for a net
@@ -188,18 +233,6 @@ class step_search {
       return evaluate(g_, keep, packed);
     } catch (const dropit::error&) {
       return std::nullopt;
-    }
-  }
-
-  template <class F>
-  void for_each_neighbour(const plan& p, F&& f) const {
-    const std::vector<long> choice = choices(p);
-    for (vertex_index v = 0; v < choice.size(); ++v) {
-      if (v == g_.source() || v == g_.target()) continue;
-      const long options = static_cast<long>(g_.storage(v).size());
-      for (long to = -1; to <= options; ++to)
-        if (to != choice[v])
-          if (std::optional<plan> q = with_choice(choice, v, to)) f(std::move(*q));
     }
   }
 
@@ -496,8 +529,8 @@ inline plan solve_step_budget(const graph& g, cost_t budget, const budget_option
   const detail::step_search local(g, budget);
   if (best_peak > budget) local.lower_peak(*best, best_peak);
   DROPIT_EXPECTS(best_peak <= budget, "checkpoint: solve_step_budget: no plan fits in ", budget,
-                 "; the least step peak of the frontier plans tried (of ", front.size(),
-                 ") and their neighbours is ", best_peak);
+                 "; the least step peak found (frontier plans tried, of ", front.size(),
+                 ", then changes of one or two decisions at a time) is ", best_peak);
   local.lower_time(*best, best_peak);
   best->exact = false;
   best->search_passes = search.passes();
