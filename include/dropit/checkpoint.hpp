@@ -419,9 +419,9 @@ struct step_memory {
  * step peak, each point tried costing a pass of the dynamic program), or, if none fits, from the
  * one with the least step peak, moved one vertex's decision at a time (kept, dropped, compressed
  * with an option) to the neighbour with the least step peak (two decisions at once when no single
- * one lowers it) until it fits; then, while some
- * neighbour is faster and fits, it moves to the fastest one, and when none is, to a faster plan
- * two decisions away that fits (the most promising pairs by time saved; docs/checkpoint.md).
+ * one lowers it) until it fits; then, while some neighbour is faster and fits, it moves to the
+ * fastest one, and when none is, to a faster plan two decisions away that fits (the most
+ * promising pairs by time saved; docs/checkpoint.md).
  * @throw dropit::error if the graph is not valid, or if no plan is found that fits (the message
  * gives the least step peak found)
  */

@@ -68,7 +68,7 @@ class step_search {
           std::optional<plan> q = with_choice(choice, v, to);
           if (!q) continue;
           const cost_t qp = simulate_step(g_, *q).peak;
-          singles.push_back({qp, {0.0, v, to}});
+          singles.push_back({qp, {0.0, v, to}});  // (its time is not needed here)
           if (qp < (best ? best->second : peak)) best.emplace(std::move(*q), qp);
         }
       }
