@@ -234,12 +234,63 @@ __device__ inline bucket_pick block_pick(const unsigned long long* hist, std::si
   return p;
 }
 
+/// Sum over the warp's lanes, in every lane (one instruction from sm_80 on).
+__device__ __forceinline__ std::uint32_t warp_total(std::uint32_t v) {
+#if __CUDA_ARCH__ >= 800
+  return __reduce_add_sync(full_warp, v);
+#else
+  return warp_sum(v);
+#endif
+}
+
+/// CTAs of the count kernel resident on one SM: it holds at most 64 registers a thread, so the
+/// SM keeps enough loads of x in flight (at 128 registers, 2 CTAs of 8 warps read x at 0.8 TB/s on
+/// an H200).
+inline constexpr int count_min_ctas = 4;
+
+/**
+ * Classifies the warp's block of 1024 keys, 32 at a time: lane i returns which elements of word
+ * i (elements base + 32 i + j) are above hi and which are in [lo, hi]. `Full`: the block lies
+ * inside x (no bound checks).
+ */
+template <bool Full, class P, class T, class Key>
+__device__ __forceinline__ void classify_range(const count_fn<P, T, Key>& f, std::size_t base,
+                                               Key lo, Key hi, std::uint32_t& my_above,
+                                               std::uint32_t& my_within) {
+  const unsigned lane = lane_id();
+#pragma unroll 1
+  for (unsigned i0 = 0; i0 < 32; i0 += 8) {
+    T v[8];
+#pragma unroll
+    for (unsigned u = 0; u < 8; ++u) {
+      const std::size_t e = base + (i0 + u) * 32 + lane;
+      v[u] = Full || e < f.n ? f.x[e] : T{};
+    }
+#pragma unroll
+    for (unsigned u = 0; u < 8; ++u) {
+      const std::size_t e = base + (i0 + u) * 32 + lane;
+      const Key key = f.policy.key(v[u], e);
+      const bool in = Full || e < f.n;
+      const std::uint32_t ma = __ballot_sync(full_warp, in && key > hi);
+      const std::uint32_t mw = __ballot_sync(full_warp, in && key <= hi && key >= lo);
+      if (lane == i0 + u) {
+        my_above = ma;
+        my_within = mw;
+      }
+    }
+  }
+}
+
 /// Step 2, one warp per block of 1024: ballots classify 32 keys at a time; the warp's candidates
-/// and staged values take one atomic per block each; the bucket histogram is per CTA in shared
-/// memory. The last CTA decides.
+/// take one atomic per block (spread over the partitions), the staged values of the CTA's blocks
+/// one atomic per round of the CTA; the bucket histogram is per CTA in shared memory. The last
+/// CTA decides.
 template <class P, class T, class Key>
-__global__ void __launch_bounds__(fast_threads) count_kernel(count_fn<P, T, Key> f) {
+__global__ void __launch_bounds__(fast_threads, count_min_ctas)
+    count_kernel(count_fn<P, T, Key> f) {
   __shared__ unsigned long long cta_above[fast_warps], cta_within[fast_warps];
+  __shared__ std::uint32_t stage_need[fast_warps];
+  __shared__ unsigned long long stage_base;
   __shared__ unsigned bins[candidate_buckets];
   select_ctl<Key>* ctl = f.ctl;
   if (ctl->mode != mode_count) return;  // the same in every CTA: only the last CTA changes it
@@ -254,40 +305,30 @@ __global__ void __launch_bounds__(fast_threads) count_kernel(count_fn<P, T, Key>
     bins[d] = 0;
   __syncthreads();
   const unsigned lane = lane_id();
+  const unsigned warp = threadIdx.x / 32;
   unsigned long long warp_above = 0, warp_within = 0;
-  for (std::size_t b = first_warp_block(); b < f.blocks; b += warp_block_stride()) {
+  // Every warp of the CTA takes the same number of rounds (a warp past the last block idles), so
+  // the CTA reserves its staged values with one atomic a round.
+  for (std::size_t b0 = static_cast<std::size_t>(blockIdx.x) * fast_warps; b0 < f.blocks;
+       b0 += warp_block_stride()) {
+    const std::size_t b = b0 + warp;
+    const bool active = b < f.blocks;
     const std::size_t base = b * block_elements;
-    std::uint32_t my_within = 0, my_ge = 0, a = 0, w = 0;
-#pragma unroll 1
-    for (unsigned i0 = 0; i0 < 32; i0 += 8) {
-      T v[8];
-#pragma unroll
-      for (unsigned u = 0; u < 8; ++u) {
-        const std::size_t e = base + (i0 + u) * 32 + lane;
-        v[u] = e < n ? f.x[e] : T{};
-      }
-#pragma unroll
-      for (unsigned u = 0; u < 8; ++u) {
-        const std::size_t e = base + (i0 + u) * 32 + lane;
-        bool is_above = false, is_within = false;
-        if (e < n) {
-          const Key key = f.policy.key(v[u], e);
-          is_above = key > hi;
-          is_within = !is_above && key >= lo;
-        }
-        const std::uint32_t ma = __ballot_sync(full_warp, is_above);
-        const std::uint32_t mw = __ballot_sync(full_warp, is_within);
-        a += static_cast<std::uint32_t>(__popc(ma));
-        w += static_cast<std::uint32_t>(__popc(mw));
-        if (lane == i0 + u) {
-          my_within = mw;
-          my_ge = ma | mw;
-        }
-      }
+    std::uint32_t my_above = 0, my_within = 0;
+    if (active) {
+      if (base + block_elements <= n)
+        classify_range<true>(f, base, lo, hi, my_above, my_within);
+      else
+        classify_range<false>(f, base, lo, hi, my_above, my_within);
     }
+    const std::uint32_t my_ge = my_above | my_within;
+    const std::uint32_t a = warp_total(static_cast<std::uint32_t>(__popc(my_above)));
+    const std::uint32_t w = warp_total(static_cast<std::uint32_t>(__popc(my_within)));
     const std::size_t my_word = b * 32 + lane;
-    if (lane == 0) f.cells[b].flag = lookback_cell::flag_none;
-    if (f.stage != nullptr && my_word < total_words) f.ge_words[my_word] = my_ge;
+    if (active) {
+      if (lane == 0) f.cells[b].flag = lookback_cell::flag_none;
+      if (f.stage != nullptr && my_word < total_words) f.ge_words[my_word] = my_ge;
+    }
     warp_above += a;
     warp_within += w;
     const std::size_t e0 = base + lane * 32;
@@ -311,17 +352,27 @@ __global__ void __launch_bounds__(fast_threads) count_kernel(count_fn<P, T, Key>
     }
     if (f.stage != nullptr) {
       const std::uint32_t s = a + w;
-      unsigned long long at = 0;
-      if (lane == 0) at = atomicAdd(&ctl->stage_used, static_cast<unsigned long long>(s));
-      at = __shfl_sync(full_warp, at, 0);
+      if (lane == 0) stage_need[warp] = s;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        unsigned long long total = 0;
+        for (int q = 0; q < fast_warps; ++q)
+          total += stage_need[q];
+        stage_base = total != 0 ? atomicAdd(&ctl->stage_used, total) : 0;
+      }
+      __syncthreads();
+      unsigned long long at = stage_base;
+      for (unsigned q = 0; q < warp; ++q)
+        at += stage_need[q];
       const bool fits = at + s <= stage_cap;
-      if (lane == 0) f.stage_at[b] = fits ? static_cast<std::uint32_t>(at) : not_staged;
-      if (fits) {
+      if (active && lane == 0) f.stage_at[b] = fits ? static_cast<std::uint32_t>(at) : not_staged;
+      if (active && fits) {
         const auto c = static_cast<std::uint32_t>(__popc(my_ge));
         std::size_t to = static_cast<std::size_t>(at) + warp_inclusive_sum(c) - c;
         for (std::uint32_t m = my_ge; m != 0; m &= m - 1)
           f.stage[to++] = f.x[e0 + static_cast<std::size_t>(__ffs(static_cast<int>(m)) - 1)];
       }
+      __syncthreads();  // stage_need and stage_base are rewritten by the next round
     }
   }
   if (lane == 0) {
@@ -425,10 +476,10 @@ __global__ void __launch_bounds__(fast_threads) resolve_kernel(resolve_fn<Key> f
 }
 
 /**
- * `lookback_resolve` by a whole warp: lane i reads the flag of block b - 1 - i (of each window of
- * 32 blocks), so the walk back over blocks that have only published their own counts takes one
- * load per 32 blocks instead of one per block. Lane 0 publishes b's inclusive sums; every lane
- * returns the sums over the blocks before b.
+ * `lookback_resolve` by a whole warp, over the cells of tiles (or blocks): lane i reads the flag
+ * of cell b - 1 - i (of each window of 32), so the walk back over cells that have only published
+ * their own counts takes one load per 32 cells instead of one per cell. Lane 0 publishes b's
+ * inclusive sums; every lane returns the sums over the cells before b.
  */
 __device__ inline block_prefix warp_lookback(lookback_cell* cells, std::size_t b,
                                              std::uint32_t above, std::uint32_t ties) {
@@ -462,13 +513,18 @@ __device__ inline block_prefix warp_lookback(lookback_cell* cells, std::size_t b
 }
 
 /**
- * Step 5, one warp per block, blocks taken by ticket in index order: lane i classifies word i
- * (from the stage, or by ballots over x), lane 0 runs the look-back, the ties the rank allows go
- * to the lowest-indexed tie bits, and each lane writes its word's kept values at its offset.
+ * Step 5, one warp per block, a CTA's 8 blocks (a tile) taken by one ticket in index order: lane
+ * i classifies word i (from the stage, or by ballots over x), warp 0 runs the tile's look-back
+ * (one per 8 blocks: at n = 2^28, a look-back per block kept an H200 at 5% of its DRAM
+ * bandwidth), each block adds the blocks before it in the tile, the ties the rank allows go to
+ * the lowest-indexed tie bits, and each lane writes its word's kept values at its offset.
  */
 template <class P, class T, class Key>
 __global__ void __launch_bounds__(fast_threads) compact_kernel(compact_fn<P, T, Key> f) {
   __shared__ unsigned cta_read_x;
+  __shared__ unsigned long long tile_ticket;
+  __shared__ std::uint32_t warp_above[fast_warps], warp_ties[fast_warps];
+  __shared__ std::uint32_t before_above, before_ties;  // the tile's look-back
   select_ctl<Key>* ctl = f.ctl;
   for (std::size_t w = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        w < f.clear_words; w += static_cast<std::size_t>(gridDim.x) * blockDim.x)
@@ -482,16 +538,20 @@ __global__ void __launch_bounds__(fast_threads) compact_kernel(compact_fn<P, T, 
   const std::size_t n = f.n;
   const std::size_t total_words = (n + word_elements - 1) / word_elements;
   const unsigned lane = lane_id();
+  const unsigned warp = threadIdx.x / 32;
+  const std::size_t tiles = (f.blocks + fast_warps - 1) / fast_warps;
   bool read_x = false;
   for (;;) {
-    unsigned long long ticket = 0;
-    if (lane == 0) ticket = atomicAdd(&ctl->ticket, 1ull);
-    const auto b = static_cast<std::size_t>(__shfl_sync(full_warp, ticket, 0));
-    if (b >= f.blocks) break;
+    if (threadIdx.x == 0) tile_ticket = atomicAdd(&ctl->ticket, 1ull);
+    __syncthreads();
+    const auto tile = static_cast<std::size_t>(tile_ticket);
+    if (tile >= tiles) break;  // the same in every thread of the CTA
+    const std::size_t b = tile * fast_warps + warp;
+    const bool active = b < f.blocks;
     const std::size_t base = b * block_elements;
     const std::size_t my_word = b * 32 + lane;
     const std::size_t e0 = base + lane * 32;
-    const bool staged = f.stage != nullptr && from_guess && f.stage_at[b] != not_staged;
+    const bool staged = active && f.stage != nullptr && from_guess && f.stage_at[b] != not_staged;
     std::uint32_t gt = 0, tie = 0, ge = 0;
     std::size_t from = 0;  // the lane's first staged value
     if (staged) {
@@ -505,7 +565,7 @@ __global__ void __launch_bounds__(fast_threads) compact_kernel(compact_fn<P, T, 
         gt |= static_cast<std::uint32_t>(key > t) << j;
         tie |= static_cast<std::uint32_t>(key == t) << j;
       }
-    } else {
+    } else if (active) {
       read_x = true;
 #pragma unroll 1
       for (unsigned i0 = 0; i0 < 32; i0 += 8) {
@@ -532,8 +592,32 @@ __global__ void __launch_bounds__(fast_threads) compact_kernel(compact_fn<P, T, 
     const std::uint32_t above = warp_sum(static_cast<std::uint32_t>(__popc(gt)));
     const std::uint32_t ties_upto_me = warp_inclusive_sum(my_ties);
     const std::uint32_t ties = __shfl_sync(full_warp, ties_upto_me, 31);
-    if (lane == 0) lookback_publish(f.cells, b, above, ties);
-    const block_prefix before = warp_lookback(f.cells, b, above, ties);
+    if (lane == 0) {
+      warp_above[warp] = above;
+      warp_ties[warp] = ties;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const std::uint32_t a = lane < fast_warps ? warp_above[lane] : 0u;
+      const std::uint32_t tt = lane < fast_warps ? warp_ties[lane] : 0u;
+      const std::uint32_t tile_above = warp_total(a), tile_ties = warp_total(tt);
+      if (lane == 0) lookback_publish(f.cells, tile, tile_above, tile_ties);
+      const block_prefix p = warp_lookback(f.cells, tile, tile_above, tile_ties);
+      if (lane == 0) {
+        before_above = p.above;
+        before_ties = p.ties;
+      }
+    }
+    __syncthreads();
+    block_prefix before;
+    before.above = before_above;
+    before.ties = before_ties;
+    for (unsigned q = 0; q < warp; ++q) {
+      before.above += warp_above[q];
+      before.ties += warp_ties[q];
+    }
+    __syncthreads();  // the shared counts are rewritten by the next tile
+    if (!active) continue;
     // The ties this block keeps are its first `allowed`: lane i keeps those of its word that
     // come before that count.
     const std::uint32_t allowed = ties_in_block(ties_kept, before.ties, ties);
@@ -790,7 +874,11 @@ template <class P, class T, class Key>
 struct fast_kernel<count_fn<P, T, Key>> {
   static constexpr bool exists = true;
   static void launch(const count_fn<P, T, Key>& f, cudaStream_t stream) {
-    count_kernel<<<warp_grid(f.blocks), fast_threads, 0, stream>>>(f);
+    // One wave: each CTA clears and flushes its bucket histogram once.
+    const std::size_t wanted = (f.blocks + fast_warps - 1) / fast_warps;
+    const auto grid = static_cast<unsigned>(std::max<std::size_t>(
+        1, std::min<std::size_t>(wanted, std::size_t{rt::sm_count()} * count_min_ctas)));
+    count_kernel<<<grid, fast_threads, 0, stream>>>(f);
   }
 };
 template <class P, class T, class Key>
