@@ -249,6 +249,70 @@ __device__ __forceinline__ std::uint32_t warp_total(std::uint32_t v) {
 inline constexpr int count_min_ctas = 4;
 
 /**
+ * A tile's look-back status in one 16-byte word: x = flag | above << 32, y = ties (the tile's own
+ * counts while the flag says aggregate, the sums up to and including it once inclusive). It is
+ * stored and loaded whole by one relaxed 16-byte access, so a reader sees a flag with its counts
+ * and no fence orders them (CUB's tile descriptors work the same way); the acquire loads of a
+ * per-field cell invalidated L1 on every spin. The fast path's tiles use the front of the
+ * workspace's `lookback_cell` array (16 bytes a tile of 8 blocks, under its 20 bytes a block).
+ */
+using tile_cell = ulonglong2;
+
+[[nodiscard]] __device__ __forceinline__ tile_cell* tile_cells(lookback_cell* cells) {
+  return reinterpret_cast<tile_cell*>(cells);
+}
+__device__ __forceinline__ tile_cell load_cell(const tile_cell* p) {
+  tile_cell c;
+  asm volatile("ld.relaxed.gpu.v2.u64 {%0, %1}, [%2];" : "=l"(c.x), "=l"(c.y) : "l"(p) : "memory");
+  return c;
+}
+__device__ __forceinline__ void store_cell(tile_cell* p, unsigned flag, std::uint32_t above,
+                                           std::uint32_t ties) {
+  const unsigned long long x = flag | static_cast<unsigned long long>(above) << 32;
+  const unsigned long long y = ties;
+  asm volatile("st.relaxed.gpu.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(x), "l"(y) : "memory");
+}
+
+/**
+ * Tile t's exclusive prefix, by a whole warp: publishes t's own counts, then walks back over the
+ * tiles before it, 32 at a time (lane i reads tile top - 1 - i, spinning while it has published
+ * nothing: tiles are handed out in index order, so it is being worked on), adding counts up to
+ * the nearest inclusive one; then publishes t's inclusive sums. Every lane returns the prefix.
+ */
+__device__ inline block_prefix tile_lookback(tile_cell* cells, std::size_t t, std::uint32_t above,
+                                             std::uint32_t ties) {
+  const unsigned lane = lane_id();
+  block_prefix p;
+  if (t == 0) {
+    if (lane == 0) store_cell(cells, lookback_cell::flag_inclusive, above, ties);
+    return p;
+  }
+  if (lane == 0) store_cell(cells + t, lookback_cell::flag_aggregate, above, ties);
+  for (std::size_t top = t; top > 0; top = top > 32 ? top - 32 : 0) {
+    // Lanes past tile 0 read nothing (tile 0 is inclusive, so the walk ends before them).
+    const bool real = lane < top;
+    tile_cell c{lookback_cell::flag_inclusive, 0};
+    if (real) {
+      do {
+        c = load_cell(cells + (top - 1 - lane));
+      } while (static_cast<unsigned>(c.x) == lookback_cell::flag_none);
+    }
+    const auto flag = static_cast<unsigned>(c.x);
+    const unsigned inclusive =
+        __ballot_sync(full_warp, real && flag == lookback_cell::flag_inclusive);
+    const unsigned stop =
+        inclusive != 0 ? static_cast<unsigned>(__ffs(static_cast<int>(inclusive)) - 1) : 32u;
+    const bool counts = real && lane <= stop;
+    p.above += warp_total(counts ? static_cast<std::uint32_t>(c.x >> 32) : 0u);
+    p.ties += warp_total(counts ? static_cast<std::uint32_t>(c.y) : 0u);
+    if (inclusive != 0) break;
+  }
+  if (lane == 0)
+    store_cell(cells + t, lookback_cell::flag_inclusive, p.above + above, p.ties + ties);
+  return p;
+}
+
+/**
  * Classifies the warp's block of 1024 keys, 32 at a time: lane i returns which elements of word
  * i (elements base + 32 i + j) are above hi and which are in [lo, hi]. `Full`: the block lies
  * inside x (no bound checks).
@@ -325,10 +389,9 @@ __global__ void __launch_bounds__(fast_threads, count_min_ctas)
     const std::uint32_t a = warp_total(static_cast<std::uint32_t>(__popc(my_above)));
     const std::uint32_t w = warp_total(static_cast<std::uint32_t>(__popc(my_within)));
     const std::size_t my_word = b * 32 + lane;
-    if (active) {
-      if (lane == 0) f.cells[b].flag = lookback_cell::flag_none;
-      if (f.stage != nullptr && my_word < total_words) f.ge_words[my_word] = my_ge;
-    }
+    // The compact kernel's tile of 8 blocks is this round's (b0 is a multiple of 8).
+    if (warp == 0 && lane == 0) tile_cells(f.cells)[b0 / fast_warps] = tile_cell{0, 0};
+    if (active && f.stage != nullptr && my_word < total_words) f.ge_words[my_word] = my_ge;
     warp_above += a;
     warp_within += w;
     const std::size_t e0 = base + lane * 32;
@@ -369,8 +432,24 @@ __global__ void __launch_bounds__(fast_threads, count_min_ctas)
       if (active && fits) {
         const auto c = static_cast<std::uint32_t>(__popc(my_ge));
         std::size_t to = static_cast<std::size_t>(at) + warp_inclusive_sum(c) - c;
-        for (std::uint32_t m = my_ge; m != 0; m &= m - 1)
-          f.stage[to++] = f.x[e0 + static_cast<std::size_t>(__ffs(static_cast<int>(m)) - 1)];
+        // Four loads in flight before their stores (one at a time, each store waited on its
+        // load: 15% of the kernel's stalls at n = 2^28).
+        for (std::uint32_t m = my_ge; m != 0;) {
+          T v[4];
+          unsigned got = 0;
+#pragma unroll
+          for (unsigned u = 0; u < 4; ++u) {
+            if (m != 0) {
+              v[u] = f.x[e0 + static_cast<std::size_t>(__ffs(static_cast<int>(m)) - 1)];
+              m &= m - 1;
+              got = u + 1;
+            }
+          }
+#pragma unroll
+          for (unsigned u = 0; u < 4; ++u)
+            if (u < got) f.stage[to + u] = v[u];
+          to += got;
+        }
       }
       __syncthreads();  // stage_need and stage_base are rewritten by the next round
     }
@@ -476,43 +555,6 @@ __global__ void __launch_bounds__(fast_threads) resolve_kernel(resolve_fn<Key> f
 }
 
 /**
- * `lookback_resolve` by a whole warp, over the cells of tiles (or blocks): lane i reads the flag
- * of cell b - 1 - i (of each window of 32), so the walk back over cells that have only published
- * their own counts takes one load per 32 cells instead of one per cell. Lane 0 publishes b's
- * inclusive sums; every lane returns the sums over the cells before b.
- */
-__device__ inline block_prefix warp_lookback(lookback_cell* cells, std::size_t b,
-                                             std::uint32_t above, std::uint32_t ties) {
-  block_prefix p;
-  if (b == 0) return p;  // block 0 published its counts as inclusive
-  const unsigned lane = lane_id();
-  for (std::size_t top = b; top > 0; top = top > 32 ? top - 32 : 0) {
-    // Lanes past block 0 read nothing (block 0 is inclusive, so the walk ends before them).
-    const bool real = lane < top;
-    const std::size_t j = real ? top - 1 - lane : 0;
-    unsigned flag = lookback_cell::flag_inclusive;
-    if (real) {
-      while ((flag = load_acquire(&cells[j].flag)) == lookback_cell::flag_none) {
-      }
-    }
-    const unsigned inclusive =
-        __ballot_sync(full_warp, real && flag == lookback_cell::flag_inclusive);
-    const unsigned stop =
-        inclusive != 0 ? static_cast<unsigned>(__ffs(static_cast<int>(inclusive)) - 1) : 32u;
-    std::uint32_t a = 0, t = 0;
-    if (real && lane <= stop) {
-      a = flag == lookback_cell::flag_inclusive ? cells[j].inc_above : cells[j].agg_above;
-      t = flag == lookback_cell::flag_inclusive ? cells[j].inc_ties : cells[j].agg_ties;
-    }
-    p.above += warp_sum(a);
-    p.ties += warp_sum(t);
-    if (inclusive != 0) break;
-  }
-  if (lane == 0) lookback_finish(cells, b, p, above, ties);
-  return p;
-}
-
-/**
  * Step 5, one warp per block, a CTA's 8 blocks (a tile) taken by one ticket in index order: lane
  * i classifies word i (from the stage, or by ballots over x), warp 0 runs the tile's look-back
  * (one per 8 blocks: at n = 2^28, a look-back per block kept an H200 at 5% of its DRAM
@@ -601,8 +643,7 @@ __global__ void __launch_bounds__(fast_threads) compact_kernel(compact_fn<P, T, 
       const std::uint32_t a = lane < fast_warps ? warp_above[lane] : 0u;
       const std::uint32_t tt = lane < fast_warps ? warp_ties[lane] : 0u;
       const std::uint32_t tile_above = warp_total(a), tile_ties = warp_total(tt);
-      if (lane == 0) lookback_publish(f.cells, tile, tile_above, tile_ties);
-      const block_prefix p = warp_lookback(f.cells, tile, tile_above, tile_ties);
+      const block_prefix p = tile_lookback(tile_cells(f.cells), tile, tile_above, tile_ties);
       if (lane == 0) {
         before_above = p.above;
         before_ties = p.ties;
