@@ -308,6 +308,38 @@ TEST_CASE_TEMPLATE(
         2);
 }
 
+TEST_CASE("the device plan samples every key up to 8192, then n / 512 keys within [2048, 8192]") {
+  // The sample step costs about its key count; the rule written out here, per n and key width.
+  using dropit::detail::dev::plan_select;
+  using dropit::detail::dev::select_tuning;
+  const auto rule = [](std::size_t n, std::size_t most) {
+    if (n <= most) return n;
+    return std::min(most, std::max<std::size_t>(2048, n / 512));
+  };
+  for (const std::size_t n :
+       {std::size_t{100}, std::size_t{8192}, std::size_t{8193}, std::size_t{1} << 20,
+        std::size_t{3} << 19, std::size_t{1} << 22, std::size_t{1} << 28}) {
+    CAPTURE(n);
+    const std::size_t k = n / 10, blocks = (n + 1023) / 1024;
+    const auto p32 = plan_select<std::uint32_t>(n, k, blocks, select_tuning{});
+    CHECK(p32.samples == rule(n, 8192));
+    CHECK(plan_select<std::uint64_t>(n, k, blocks, select_tuning{}).samples == rule(n, 4096));
+    // The guessed ranks bracket the k-th key's expected rank in the sample.
+    const double expected =
+        static_cast<double>(k) / static_cast<double>(n) * static_cast<double>(p32.samples);
+    CHECK(static_cast<double>(p32.hi_rank) <= expected);
+    CHECK(static_cast<double>(p32.lo_rank) >= expected - 1);
+    // An explicit sample size still wins, capped by the shared-memory buffer.
+    CHECK(plan_select<std::uint32_t>(n, k, blocks, select_tuning{.sample = 16}).samples ==
+          std::min<std::size_t>(n, 16));
+    CHECK(plan_select<std::uint32_t>(n, k, blocks, select_tuning{.sample = n}).samples ==
+          std::min<std::size_t>(n, 8192));
+  }
+  CHECK(plan_select<std::uint32_t>(std::size_t{1} << 20, 1, 1024, select_tuning{}).samples == 2048);
+  CHECK(plan_select<std::uint32_t>(std::size_t{1} << 28, 1, 1u << 18, select_tuning{}).samples ==
+        8192);
+}
+
 TEST_CASE("radix_picks (the fast kernels' parallel bucket choice) picks pick_bucket's bucket") {
   // Both against the walk written here: from the top bucket down, the first whose running sum
   // reaches the rank (bucket 0 when none does).
