@@ -154,9 +154,7 @@ class step_search {
         const change& x = singles[a].second;
         const change& y = singles[b].second;
         if (x.v == y.v) continue;
-        std::vector<long> next = choice;
-        next[x.v] = x.to;
-        std::optional<plan> q = with_choice(next, y.v, y.to);
+        std::optional<plan> q = with_choices(choice, x, y);
         if (!q) continue;
         const cost_t qp = simulate_step(g_, *q).peak;
         if (qp < (best ? best->second : peak)) best.emplace(std::move(*q), qp);
@@ -194,9 +192,7 @@ class step_search {
     for (const pair_change& pc : pairs) {
       const change& first = saving[pc.a];
       const change& second = pc.b < pair_width ? saving[pc.b] : other[pc.b - pair_width];
-      std::vector<long> next = choice;
-      next[first.v] = first.to;
-      std::optional<plan> q = with_choice(next, second.v, second.to);
+      std::optional<plan> q = with_choices(choice, first, second);
       if (!q || !(q->extra_time < p.extra_time)) continue;
       if (++tried > pair_tries) break;
       const cost_t qp = simulate_step(g_, *q).peak;
@@ -234,6 +230,14 @@ class step_search {
     } catch (const dropit::error&) {
       return std::nullopt;
     }
+  }
+
+  /// The plan of `choice` with two changes (of different vertices) applied, if that is a plan.
+  std::optional<plan> with_choices(const std::vector<long>& choice, const change& a,
+                                   const change& b) const {
+    std::vector<long> next = choice;
+    next[a.v] = a.to;
+    return with_choice(next, b.v, b.to);
   }
 
   const graph& g_;
