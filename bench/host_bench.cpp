@@ -6,6 +6,8 @@
 //   indices);
 // - DropIT's reference method through LibTorch, when found: abs().topk(k, sorted=false), gather,
 //   int32 indices; restore with zeros().scatter_.
+// - `paired/` cases: a pack and a memcpy alternately in every iteration, the ratio from the same
+//   seconds (bench_paired).
 // Counters: bytes_per_second = input bytes (n * sizeof(T)) per second for every case, so two
 // cases' throughput ratio is the inverse of their time ratio; payload_B_per_elem = bytes kept
 // per input element. bench/compare runs this and prints the ratio table; see bench/README.md.
@@ -35,6 +37,7 @@
 #include <memory_resource>
 #include <mutex>
 #include <new>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -198,6 +201,73 @@ void bench_pack(benchmark::State& state, P policy, bool caching, Codec codec = {
     benchmark::DoNotOptimize(cache.payload().data());
   }
   finish(state, n, sizeof(T), static_cast<double>(cache.bytes()));
+}
+
+/**
+ * A step and a `memcpy` of x, alternately in every iteration (memcpy first in even iterations,
+ * second in odd ones), each timed: the ratio to `memcpy` comes from the same seconds of the run,
+ * so the slow swings of a shared machine's memory bandwidth move both alike. Counters:
+ * `per_memcpy` = the memcpys' total time / the step's (a throughput ratio, above 1: the step is
+ * faster), `per_memcpy_min` / `per_memcpy_median` = the least and the median of the iterations'
+ * own ratios. The reported time is the step's alone (manual time).
+ */
+template <class T, class Step>
+void bench_paired(benchmark::State& state, Step&& step) {
+  using clock = std::chrono::steady_clock;
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto& x = input<T>(n);
+  auto out = output<T>(n);
+  auto copy = [&] {
+    std::memcpy(out.data(), x.data(), n * sizeof(T));
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  };
+  auto seconds = [](clock::time_point a, clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  step();  // warm-up (workers, the caching resource's payload blocks)
+  copy();
+  double step_total = 0.0, copy_total = 0.0;
+  std::vector<double> ratios;
+  bool copy_first = true;
+  for (auto _ : state) {
+    const auto t0 = clock::now();
+    if (copy_first) copy();
+    const auto t1 = clock::now();
+    step();
+    const auto t2 = clock::now();
+    if (!copy_first) copy();
+    const auto t3 = clock::now();
+    const double s = seconds(t1, t2);
+    const double c = copy_first ? seconds(t0, t1) : seconds(t2, t3);
+    step_total += s;
+    copy_total += c;
+    ratios.push_back(c / s);
+    copy_first = !copy_first;
+    state.SetIterationTime(s);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  state.counters["per_memcpy"] = step_total > 0.0 ? copy_total / step_total : 0.0;
+  state.counters["per_memcpy_min"] = ratios.empty() ? 0.0 : ratios.front();
+  state.counters["per_memcpy_median"] = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(n * sizeof(T)));
+}
+
+/// `bench_pack` through `bench_paired`: the pack and a memcpy alternately.
+template <class T, class P, class Codec = dropit::codec::exact>
+void bench_paired_pack(benchmark::State& state, P policy, Codec codec = {}) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const std::span<const T> x(input<T>(n));
+  const auto exec = executor(true);
+  dropit::SparseCache<T, P, Codec> cache{policy, codec};
+  cache.pack(exec, x);  // both payloads a pack has alive, as in bench_pack
+  bench_paired<T>(state, [&] {
+    cache.pack(exec, x);
+    benchmark::DoNotOptimize(cache.payload().data());
+  });
+  state.counters["payload_B_per_elem"] =
+      static_cast<double>(cache.bytes()) / static_cast<double>(n);
 }
 
 /// The pack with the count pass's staging off: the compact step reads x a second time (what every
@@ -564,6 +634,18 @@ void register_size(const std::string& type, std::int64_t n) {
   });
   add("restore/Identity/" + type,
       [](benchmark::State& st) { bench_restore<T>(st, dropit::Identity{}); });
+  // The same packs and a memcpy alternately in one case: ratios from the same seconds.
+  auto paired = [&](const std::string& name, auto fn) {
+    benchmark::RegisterBenchmark(name.c_str(), fn)
+        ->Arg(n)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
+  };
+  paired("paired/pack/MinK/0.9/" + type,
+         [](benchmark::State& st) { bench_paired_pack<T>(st, dropit::MinK<0.9>{}); });
+  paired("paired/pack_int8/MinK/0.9/" + type, [](benchmark::State& st) {
+    bench_paired_pack<T>(st, dropit::MinK<0.9>{}, dropit::codec::int8{});
+  });
   // The payload from fresh memory (new/delete) instead of the caching resource.
   add("pack_fresh/MinK/0.9/" + type,
       [](benchmark::State& st) { bench_pack<T>(st, dropit::MinK<0.9>{}, false); });
