@@ -63,6 +63,14 @@ struct ef_packer {
   }
 };
 
+/// Appends the high array's part of a block of 1024 that keeps nothing: 1024 >> L zeros (one
+/// bucket separator per bucket), or as many as the packer still owns.
+inline void ef_append_empty_block(ef_packer& hp, unsigned l) noexcept {
+  const std::size_t bits = block_elements >> l;
+  for (std::size_t z = 0; z < bits && hp.w < hp.end; z += 64)
+    hp.append(0, static_cast<unsigned>(bits - z < 64 ? bits - z : 64));
+}
+
 /// A bitmask word's part of the high array (see the file's comment): `slots` are the element slots
 /// of its buckets, `separators` the slot after each bucket.
 DROPIT_TARGET_AVX2 inline std::uint64_t ef_high_part(std::uint32_t m, std::uint64_t slots,
@@ -174,9 +182,7 @@ DROPIT_TARGET_AVX2 void ef_encode_block_bmi2(const ef_shape& s, const std::uint3
   std::size_t w = first_word;
   for (; w < pairs_end && hp.w < hp.end; w += 2) {
     if (empty_block(w)) {
-      for (std::size_t z = 0; z < (block_elements >> l) && hp.w < hp.end; z += 64)
-        hp.append(0, static_cast<unsigned>(
-                         (block_elements >> l) - z < 64 ? (block_elements >> l) - z : 64));
+      ef_append_empty_block(hp, l);
       w += per_block - 2;
       continue;
     }
@@ -280,9 +286,7 @@ DROPIT_TARGET_AVX512_VBMI2 void ef_encode_block_vbmi2(const ef_shape& s, const s
   // (its stores go to `spill`).
   for (; w < quads_end && (hp.w < hp.end || lp.w < lp.end); w += 4) {
     if (empty_block(w)) {
-      for (std::size_t z = 0; z < (block_elements >> l); z += 64)
-        hp.append(0, static_cast<unsigned>(
-                         (block_elements >> l) - z < 64 ? (block_elements >> l) - z : 64));
+      ef_append_empty_block(hp, l);
       w += per_block - 4;
       continue;
     }
@@ -322,9 +326,7 @@ DROPIT_TARGET_AVX512_VBMI2 void ef_encode_block_vbmi2(const ef_shape& s, const s
   // The last words of the bitmask (fewer than four), two at a time.
   for (; w < pairs_end && (hp.w < hp.end || lp.w < lp.end); w += 2) {
     if (empty_block(w)) {
-      for (std::size_t z = 0; z < (block_elements >> l); z += 64)
-        hp.append(0, static_cast<unsigned>(
-                         (block_elements >> l) - z < 64 ? (block_elements >> l) - z : 64));
+      ef_append_empty_block(hp, l);
       w += per_block - 2;
       continue;
     }
