@@ -495,30 +495,55 @@ TEST_CASE("inputs below the parallel threshold take the single-thread path") {
 }
 
 TEST_CASE("an adaptive executor forks only when the measured fork-join cost is below the work") {
+  using dropit::make_layout;
   using dropit::detail::call_threads;
   using dropit::detail::fork_meter;
   const std::size_t small = std::size_t{1} << 17, large = std::size_t{1} << 24;
   const dropit::host_executor two{.threads = 2};
   const dropit::host_executor fixed{.threads = 2, .adaptive = false};
+  // Exact values, positions as a bitmask (gamma 0.5): 4 fork-joins a pack, 1 a restore.
+  const auto pack_of = [](std::size_t n) {
+    return dropit::detail::pack_cost(make_layout(n, n / 2, 4));
+  };
+  const auto restore_of = [](std::size_t n) {
+    return dropit::detail::restore_cost(make_layout(n, n / 2, 4), 1.0);
+  };
+  REQUIRE(make_layout(small, small / 2, 4).positions == dropit::position_encoding::bitmask);
+  CHECK(pack_of(small).forks == 4);
+  CHECK(restore_of(small).forks == 1);
   // Workers that sleep (50 us a fork-join): a pack of 2^17 elements (about 60 us of work, 4
   // fork-joins) stays on the caller, a restore too; 2^24 elements pay for the forks.
   fork_meter::set(50'000);
-  CHECK(call_threads(two, small, dropit::detail::pack_cost) == 1);
-  CHECK(call_threads(two, small, dropit::detail::restore_cost) == 1);
-  CHECK(call_threads(two, large, dropit::detail::pack_cost) == 2);
-  CHECK(call_threads(two, large, dropit::detail::restore_cost) == 2);
-  CHECK(call_threads(fixed, small, dropit::detail::pack_cost) == 2);
-  CHECK(call_threads(two, small - 1, dropit::detail::pack_cost) == 1);  // below the threshold
+  CHECK(call_threads(two, small, pack_of(small)) == 1);
+  CHECK(call_threads(two, small, restore_of(small)) == 1);
+  CHECK(call_threads(two, large, pack_of(large)) == 2);
+  CHECK(call_threads(two, large, restore_of(large)) == 2);
+  CHECK(call_threads(fixed, small, pack_of(small)) == 2);
+  CHECK(call_threads(two, small - 1, pack_of(small - 1)) == 1);  // below the threshold
   // Spinning workers (half a microsecond): 2^17 elements are worth two threads.
   fork_meter::set(500);
-  CHECK(call_threads(two, small, dropit::detail::pack_cost) == 2);
-  CHECK(call_threads(two, small, dropit::detail::restore_cost) == 2);
+  CHECK(call_threads(two, small, pack_of(small)) == 2);
+  CHECK(call_threads(two, small, restore_of(small)) == 2);
   // A run of declined calls forks once every probe_every calls, to measure again.
   fork_meter::set(50'000);
   int forked = 0;
   for (unsigned i = 0; i < 4 * fork_meter::probe_every; ++i)
-    forked += call_threads(two, small, dropit::detail::pack_cost) == 2;
+    forked += call_threads(two, small, pack_of(small)) == 2;
   CHECK(forked == 4);
+  // MinK 0.9 with int8 values: the Elias-Fano code and the codec add a fork-join each (6), the
+  // coded restore a decode pass (2). At 2^20 elements (about 470 us of work, 236 us saved on two
+  // threads) four fork-joins of 50 us pay, six do not.
+  const std::size_t mid = std::size_t{1} << 20;
+  const auto coded = make_layout(mid, mid / 10, 4, dropit::value_codec::int8);
+  REQUIRE(coded.positions == dropit::position_encoding::elias_fano);
+  CHECK(dropit::detail::pack_cost(coded).forks == 6);
+  CHECK(dropit::detail::restore_cost(coded, 1.0).forks == 2);
+  CHECK(dropit::detail::pack_cost(make_layout(mid, mid, 4)).forks == 1);
+  CHECK(dropit::detail::restore_cost(make_layout(mid, mid, 4, dropit::value_codec::int8), 2.0)
+            .forks == 3);
+  fork_meter::set(50'000);
+  CHECK(call_threads(two, mid, pack_of(mid)) == 2);
+  CHECK(call_threads(two, mid, dropit::detail::pack_cost(coded)) == 1);
 
   // The pack and restore that stay on the caller fork nothing, and give the same bytes.
   const auto x = normal_values<float>(small, 3);

@@ -39,8 +39,26 @@ struct call_cost {
   double ns_per_element;
   unsigned forks;
 };
-inline constexpr call_cost pack_cost{0.45, 4};     ///< count, tie cut, compact, + the sample's
-inline constexpr call_cost restore_cost{0.09, 1};  ///< one expand pass
+
+/**
+ * A host pack's cost: the fork-joins `host_pack` makes for this layout on several threads (the
+ * sample, the count pass, the block offsets and tie cut, the compact step, then the Elias-Fano
+ * position code and the value codec where the layout has them; one pass when every element is
+ * kept). The radix passes of a missed guess are rare and not counted.
+ */
+[[nodiscard]] constexpr call_cost pack_cost(const packed_layout& l) noexcept {
+  const unsigned coded = l.codec != value_codec::exact ? 1 : 0;
+  if (l.k == 0) return {0.45, 0};
+  if (l.k == l.n) return {0.45, 1};
+  return {0.45, 4 + (l.positions == position_encoding::elias_fano ? 1u : 0u) + coded};
+}
+
+/// A host restore's cost: one expand pass, after a decode pass where the values are coded (and a
+/// scaling pass after a dense decode).
+[[nodiscard]] constexpr call_cost restore_cost(const packed_layout& l, double scale) noexcept {
+  if (l.k == 0 || l.codec == value_codec::exact) return {0.09, 1};
+  return {0.09, l.k == l.n && scale != 1.0 ? 3u : 2u};
+}
 
 /// The threads a call on n elements runs on: `thread_count(n)`, or 1 when the executor is
 /// adaptive and forking would cost more than it saves.
@@ -400,7 +418,7 @@ detail::payload host_executor::pack(const Policy& policy, const Codec& codec, co
                                     const packed_layout& layout) const {
   check_threads();
   return detail::host_pack(policy, x, layout,
-                           detail::call_threads(*this, layout.n, detail::pack_cost),
+                           detail::call_threads(*this, layout.n, detail::pack_cost(layout)),
                            memory_resource(), {}, nullptr, detail::params_of(codec));
 }
 
@@ -409,8 +427,8 @@ void host_executor::restore(const detail::payload& payload, const packed_layout&
                             double scale) const {
   check_threads();
   detail::host_restore(payload, layout, out, scale,
-                       detail::call_threads(*this, layout.n, detail::restore_cost), -1,
-                       memory_resource());
+                       detail::call_threads(*this, layout.n, detail::restore_cost(layout, scale)),
+                       -1, memory_resource());
 }
 
 }  // namespace dropit
