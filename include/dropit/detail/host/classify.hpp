@@ -209,29 +209,24 @@ class word_classifier {
   }
 
 #if DROPIT_HOST_SSE2
-  /// Unsigned compares through signed ones: both sides with the top bit flipped.
-  word_masks compare_sse2(const key_type* keys) const noexcept {
+  /// A word's masks from 32 elements of `Bytes` bytes, `load(i)` giving the i-th 128-bit vector
+  /// of them in a form that signed compares order: above h, and not below l.
+  template <unsigned Bytes, class Load>
+  static word_masks masks_sse2(Load load, __m128i h, __m128i l) noexcept {
     std::uint32_t gt = 0, lt = 0;
-    if constexpr (sizeof(key_type) == 4) {
-      const __m128i flip = _mm_set1_epi32(static_cast<int>(0x80000000u));
-      const __m128i h = _mm_xor_si128(_mm_set1_epi32(static_cast<int>(hi_)), flip);
-      const __m128i l = _mm_xor_si128(_mm_set1_epi32(static_cast<int>(lo_)), flip);
-      const auto* p = reinterpret_cast<const __m128i*>(keys);
+    if constexpr (Bytes == 4) {
       for (unsigned g = 0; g < 8; ++g) {
-        const __m128i v = _mm_xor_si128(_mm_loadu_si128(p + g), flip);
+        const __m128i v = load(g);
         gt |= static_cast<std::uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(v, h))))
               << (4 * g);
         lt |= static_cast<std::uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(l, v))))
               << (4 * g);
       }
     } else {
-      const __m128i flip = _mm_set1_epi16(static_cast<short>(0x8000u));
-      const __m128i h = _mm_xor_si128(_mm_set1_epi16(static_cast<short>(hi_)), flip);
-      const __m128i l = _mm_xor_si128(_mm_set1_epi16(static_cast<short>(lo_)), flip);
-      const auto* p = reinterpret_cast<const __m128i*>(keys);
+      static_assert(Bytes == 2);
       for (unsigned g = 0; g < 2; ++g) {
-        const __m128i a = _mm_xor_si128(_mm_loadu_si128(p + 2 * g), flip);
-        const __m128i b = _mm_xor_si128(_mm_loadu_si128(p + 2 * g + 1), flip);
+        const __m128i a = load(2 * g);
+        const __m128i b = load(2 * g + 1);
         gt |= static_cast<std::uint32_t>(
                   _mm_movemask_epi8(_mm_packs_epi16(_mm_cmpgt_epi16(a, h), _mm_cmpgt_epi16(b, h))))
               << (16 * g);
@@ -243,36 +238,36 @@ class word_classifier {
     return {gt, ~lt};
   }
 
+  /// Unsigned compares through signed ones: both sides with the top bit flipped.
+  word_masks compare_sse2(const key_type* keys) const noexcept {
+    const auto* p = reinterpret_cast<const __m128i*>(keys);
+    if constexpr (sizeof(key_type) == 4) {
+      const __m128i flip = _mm_set1_epi32(static_cast<int>(0x80000000u));
+      return masks_sse2<4>([&](unsigned i) { return _mm_xor_si128(_mm_loadu_si128(p + i), flip); },
+                           _mm_xor_si128(_mm_set1_epi32(static_cast<int>(hi_)), flip),
+                           _mm_xor_si128(_mm_set1_epi32(static_cast<int>(lo_)), flip));
+    } else {
+      const __m128i flip = _mm_set1_epi16(static_cast<short>(0x8000u));
+      return masks_sse2<2>([&](unsigned i) { return _mm_xor_si128(_mm_loadu_si128(p + i), flip); },
+                           _mm_xor_si128(_mm_set1_epi16(static_cast<short>(hi_)), flip),
+                           _mm_xor_si128(_mm_set1_epi16(static_cast<short>(lo_)), flip));
+    }
+  }
+
+  /// The magnitude bits compared as integers (the bit patterns' order is the magnitudes').
   word_masks bits_sse2(std::size_t base) const noexcept {
     const auto* p = reinterpret_cast<const __m128i*>(x_ + base);
-    std::uint32_t gt = 0, lt = 0;
     if constexpr (sizeof(T) == 4) {
       const __m128i mag = _mm_set1_epi32(static_cast<int>(bits_traits::magnitude_mask));
-      const __m128i h = _mm_set1_epi32(static_cast<int>(hi_bits_));
-      const __m128i l = _mm_set1_epi32(static_cast<int>(lo_));
-      for (unsigned g = 0; g < 8; ++g) {
-        const __m128i v = _mm_and_si128(_mm_loadu_si128(p + g), mag);
-        gt |= static_cast<std::uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(v, h))))
-              << (4 * g);
-        lt |= static_cast<std::uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(l, v))))
-              << (4 * g);
-      }
+      return masks_sse2<4>([&](unsigned i) { return _mm_and_si128(_mm_loadu_si128(p + i), mag); },
+                           _mm_set1_epi32(static_cast<int>(hi_bits_)),
+                           _mm_set1_epi32(static_cast<int>(lo_)));
     } else {
       const __m128i mag = _mm_set1_epi16(static_cast<short>(bits_traits::magnitude_mask));
-      const __m128i h = _mm_set1_epi16(static_cast<short>(hi_bits_));
-      const __m128i l = _mm_set1_epi16(static_cast<short>(lo_));
-      for (unsigned g = 0; g < 2; ++g) {
-        const __m128i a = _mm_and_si128(_mm_loadu_si128(p + 2 * g), mag);
-        const __m128i b = _mm_and_si128(_mm_loadu_si128(p + 2 * g + 1), mag);
-        gt |= static_cast<std::uint32_t>(
-                  _mm_movemask_epi8(_mm_packs_epi16(_mm_cmpgt_epi16(a, h), _mm_cmpgt_epi16(b, h))))
-              << (16 * g);
-        lt |= static_cast<std::uint32_t>(
-                  _mm_movemask_epi8(_mm_packs_epi16(_mm_cmpgt_epi16(l, a), _mm_cmpgt_epi16(l, b))))
-              << (16 * g);
-      }
+      return masks_sse2<2>([&](unsigned i) { return _mm_and_si128(_mm_loadu_si128(p + i), mag); },
+                           _mm_set1_epi16(static_cast<short>(hi_bits_)),
+                           _mm_set1_epi16(static_cast<short>(lo_)));
     }
-    return {gt, ~lt};
   }
 #endif
 
