@@ -144,57 +144,40 @@ class any_cache {
 
   /// Elements of the packed tensor.
   [[nodiscard]] std::size_t size() const noexcept {
-    return std::visit(
-        [](const auto& c) -> std::size_t {
-          if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) {
-            return 0;
-          } else {
-            return c.size();
-          }
-        },
-        cache_);
+    return held_or(std::size_t{0}, [](const auto& c) { return c.size(); });
   }
 
   /// Payload bytes held.
   [[nodiscard]] std::size_t bytes() const noexcept {
-    return std::visit(
-        [](const auto& c) -> std::size_t {
-          if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) {
-            return 0;
-          } else {
-            return c.bytes();
-          }
-        },
-        cache_);
+    return held_or(std::size_t{0}, [](const auto& c) { return c.bytes(); });
   }
 
   /// Elements kept.
   [[nodiscard]] std::size_t kept() const noexcept {
-    return std::visit(
-        [](const auto& c) -> std::size_t {
-          if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) {
-            return 0;
-          } else {
-            return c.kept();
-          }
-        },
-        cache_);
+    return held_or(std::size_t{0}, [](const auto& c) { return c.kept(); });
   }
 
   /// The first payload byte (null when empty).
   [[nodiscard]] const std::byte* data() const noexcept {
+    return held_or(static_cast<const std::byte*>(nullptr),
+                   [](const auto& c) { return c.payload().data(); });
+  }
+
+ private:
+  /// `f(cache)` of the cache held, or `empty` when none is.
+  template <class R, class F>
+  [[nodiscard]] R held_or(R empty, F f) const noexcept {
     return std::visit(
-        [](const auto& c) -> const std::byte* {
+        [&](const auto& c) -> R {
           if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) {
-            return nullptr;
+            return empty;
           } else {
-            return c.payload().data();
+            return f(c);
           }
         },
         cache_);
   }
 
- private:
   /// Packs into a new cache of this element type, policy and codec, then holds it.
   template <class T, class P, class C>
   void emplace(const host_executor& exec, std::span<const T> data, const P& selection,
