@@ -53,11 +53,12 @@ struct call_cost {
   return {0.45, 4 + (l.positions == position_encoding::elias_fano ? 1u : 0u) + coded};
 }
 
-/// A host restore's cost: one expand pass, after a decode pass where the values are coded (and a
-/// scaling pass after a dense decode).
+/// A host restore's cost: one expand pass, after a decode pass where the values are coded; a
+/// dense coded payload decodes straight into the output (then a scaling pass when scale != 1).
 [[nodiscard]] constexpr call_cost restore_cost(const packed_layout& l, double scale) noexcept {
   if (l.k == 0 || l.codec == value_codec::exact) return {0.09, 1};
-  return {0.09, l.k == l.n && scale != 1.0 ? 3u : 2u};
+  if (l.k == l.n) return {0.09, scale != 1.0 ? 2u : 1u};
+  return {0.09, 2};
 }
 
 /// The threads a call on n elements runs on: `thread_count(n)`, or 1 when the executor is
