@@ -109,37 +109,22 @@ class any_cache {
 
   /// Writes the dense tensor into out (contiguous, CPU, size() elements of the packed dtype).
   void restore(const at::Tensor& out) const {
-    std::visit(
-        [&](const auto& c) {
-          using C = std::decay_t<decltype(c)>;
-          if constexpr (std::is_same_v<C, std::monostate>) {
-            dropit::detail::throw_error("torch: restore of an empty cache");
-          } else {
-            using T = typename C::value_type;
-            c.restore(torch_host_executor(),
-                      std::span<T>(static_cast<T*>(out.data_ptr()), c.size()));
-          }
-        },
-        cache_);
+    with_held([&](const auto& c) {
+      using T = typename std::decay_t<decltype(c)>::value_type;
+      c.restore(torch_host_executor(), std::span<T>(static_cast<T*>(out.data_ptr()), c.size()));
+    });
   }
 
   /// Writes elements [begin, end) of the dense tensor to out[0, end - begin) (CPU memory of the
   /// packed dtype).
   void restore_range(std::size_t begin, std::size_t end, void* out) const {
-    std::visit(
-        [&](const auto& c) {
-          using C = std::decay_t<decltype(c)>;
-          if constexpr (std::is_same_v<C, std::monostate>) {
-            dropit::detail::throw_error("torch: restore of an empty cache");
-          } else {
-            using T = typename C::value_type;
-            DROPIT_EXPECTS(begin <= end && end <= c.size(), "torch: restore range [", begin, ", ",
-                           end, ") outside the cache's ", c.size(), " elements");
-            detail::restore_range(c.layout(), c.payload().data(), c.restore_scale(), begin, end,
-                                  static_cast<T*>(out));
-          }
-        },
-        cache_);
+    with_held([&](const auto& c) {
+      using T = typename std::decay_t<decltype(c)>::value_type;
+      DROPIT_EXPECTS(begin <= end && end <= c.size(), "torch: restore range [", begin, ", ", end,
+                     ") outside the cache's ", c.size(), " elements");
+      detail::restore_range(c.layout(), c.payload().data(), c.restore_scale(), begin, end,
+                            static_cast<T*>(out));
+    });
   }
 
   /// Elements of the packed tensor.
@@ -164,6 +149,20 @@ class any_cache {
   }
 
  private:
+  /// `f(cache)` on the cache held; a `dropit::error` when none is.
+  template <class F>
+  void with_held(F f) const {
+    std::visit(
+        [&](const auto& c) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) {
+            dropit::detail::throw_error("torch: restore of an empty cache");
+          } else {
+            f(c);
+          }
+        },
+        cache_);
+  }
+
   /// `f(cache)` of the cache held, or `empty` when none is.
   template <class R, class F>
   [[nodiscard]] R held_or(R empty, F f) const noexcept {
