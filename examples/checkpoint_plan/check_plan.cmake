@@ -6,7 +6,8 @@
 #                                           (from --model): within it, and faster with storage
 #                                           than --recompute-only; --frontier starts there;
 #                                           --budget --frontier marks the plan's point;
-#                                           --int8 is faster still
+#                                           --int8 is faster still; --max-points and
+#                                           --bound-ratio give a heuristic in fewer passes
 #   -DEXE=... -DTABLE=1                     the model table: every model's row, checked against
 #                                           the input sizes and cut-offs the seed published and
 #                                           against the JSON plan of the same model
@@ -105,6 +106,27 @@ elseif(DEFINED BUDGET)
   if(NOT front MATCHES "^# [0-9]+ points, exact")
     message(FATAL_ERROR "--frontier printed: ${front}")
   endif()
+  # The speed knobs: a heuristic frontier, in fewer passes, never below the least memory (the
+  # exact frontier's first point); bad values and knobs without --budget/--frontier: the usage.
+  run_plan(fast --model ${BUDGET} --frontier --max-points 64 --bound-ratio 0.5)
+  string(REGEX MATCH "^# [0-9]+ points, exact, ([0-9]+) passes[^\n]*\n[^\n]*\n *([0-9]+) " _
+         "${front}")
+  set(exact_passes ${CMAKE_MATCH_1})
+  set(exact_least ${CMAKE_MATCH_2})
+  string(REGEX MATCH "^# [0-9]+ points, heuristic, ([0-9]+) passes[^\n]*\n[^\n]*\n *([0-9]+) " _
+         "${fast}")
+  if(NOT CMAKE_MATCH_1 OR NOT exact_passes OR NOT CMAKE_MATCH_1 LESS exact_passes OR
+     CMAKE_MATCH_2 LESS exact_least)
+    message(FATAL_ERROR "--max-points 64 --bound-ratio 0.5 printed:\n${fast}\nexact: "
+                        "${exact_passes} passes, least memory ${exact_least}")
+  endif()
+  foreach(bad "--frontier;--bound-ratio;-1" "--frontier;--max-points;0" "--max-points;64")
+    execute_process(COMMAND ${EXE} --model ${BUDGET} ${bad} OUTPUT_QUIET ERROR_QUIET
+                    RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 2)
+      message(FATAL_ERROR "${bad}: exit ${rc}, expected the usage (2)")
+    endif()
+  endforeach()
   # --budget with --frontier: the frontier, the budget's plan marked (its memory, from the JSON).
   run_plan(marked --model ${BUDGET} --budget ${mib} --frontier)
   string(REGEX MATCHALL "[^\n]*<- the plan within the budget" marks "${marked}")

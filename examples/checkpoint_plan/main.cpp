@@ -10,6 +10,8 @@
 //   checkpoint_plan --budget-table          recompute-only vs with storage at the least budget
 //   --recompute-only                        ignore storage options (--budget, --frontier)
 //   --int8                                  a model's other inner tensors also offer int8 storage
+//   --max-points N, --bound-ratio R         the planner's speed knobs (budget_options; the result
+//                                           is then a heuristic, e.g. 512 and 0.3 for DenseNets)
 #include <dropit/checkpoint.hpp>
 
 #include <algorithm>
@@ -156,9 +158,8 @@ void print_budget_table() {
 }
 
 /// The frontier as a table: memory (bytes and MiB), extra time (and its share of forward +
-/// backward when the graph has compute costs).
-/// The frontier as a table; with a budget (>= 0), the point of the plan `solve_budget` returns
-/// (the fastest within the budget) is marked.
+/// backward when the graph has compute costs); with a budget (>= 0), the point of the plan
+/// `solve_budget` returns (the fastest within the budget) is marked.
 void print_frontier(const ck::graph& g, const ck::budget_options& options, ck::cost_t budget = -1) {
   const ck::frontier f = ck::solve_frontier(g, options);
   const double work = 3.0 * forward_flops(g);
@@ -190,7 +191,7 @@ int usage(int code) {
       "       checkpoint_plan --model NAME [--batch N] [--size H]\n"
       "       checkpoint_plan --dump NAME [--batch N] [--size H]\n"
       "       checkpoint_plan --model NAME | --graph FILE.json  [--budget MiB] [--frontier]\n"
-      "                       [--recompute-only] [--int8]\n"
+      "                       [--recompute-only] [--int8] [--max-points N] [--bound-ratio R]\n"
       "       checkpoint_plan --budget-table\n"
       "graph JSON: {\"source\": ID, \"target\": ID, \"vertices\": [{\"id\": ID, \"cost\": "
       "BYTES}, ...],\n"
@@ -208,6 +209,11 @@ bool parse_mib(std::string_view s, double& out) {
   return r.ec == std::errc{} && r.ptr == s.data() + s.size() && out >= 0.0 && out < 8.0e12;
 }
 
+bool parse_ratio(std::string_view s, double& out) {
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+  return r.ec == std::errc{} && r.ptr == s.data() + s.size() && out >= 0.0 && out <= 1.0e6;
+}
+
 bool parse_int(std::string_view s, std::int64_t& out) {
   const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
   return r.ec == std::errc{} && r.ptr == s.data() + s.size() && out > 0;
@@ -220,7 +226,8 @@ int main(int argc, char** argv) {
   std::string_view graph_file, model, mode;
   std::int64_t batch = 0, size = 0;
   double budget_mib = -1.0;
-  bool frontier = false, budget_table = false, int8 = false;
+  bool frontier = false, budget_table = false, int8 = false, knobs = false;
+  std::int64_t max_points = 0;
   ck::budget_options options;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string_view a = args[i];
@@ -244,6 +251,13 @@ int main(int argc, char** argv) {
       options.use_storage = false;
     } else if (a == "--int8") {
       int8 = true;
+    } else if (a == "--max-points" && has_value && parse_int(args[i + 1], max_points)) {
+      options.max_points = static_cast<std::size_t>(max_points);
+      knobs = true;
+      ++i;
+    } else if (a == "--bound-ratio" && has_value && parse_ratio(args[i + 1], options.bound_ratio)) {
+      knobs = true;
+      ++i;
     } else {
       std::fprintf(stderr, "checkpoint_plan: bad argument '%s'\n", std::string(a).c_str());
       return usage(2);
@@ -253,6 +267,7 @@ int main(int argc, char** argv) {
   if (budget_table ? !mode.empty() || v2 : v2 && (mode.empty() || mode == "--dump"))
     return usage(2);
   if (int8 && mode != "--model" && mode != "--dump") return usage(2);
+  if (knobs && !v2) return usage(2);  // the knobs are the v2 planner's
   // A budget in MiB, rounded down to whole bytes (cost units for a JSON graph).
   const auto budget = static_cast<ck::cost_t>(budget_mib * 1024.0 * 1024.0);
   auto run_v2 = [&](const ck::graph& g) {
