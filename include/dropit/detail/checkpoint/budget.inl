@@ -302,7 +302,11 @@ class budget_optimizer {
   /// shifted by a constant, so no sort is needed.
   template <class F>
   void absorb(std::size_t count, F&& make) {
-    merged_.clear();
+    // Written through a pointer into a buffer sized for every candidate: push_back took a fifth
+    // of DenseNet-121's frontier search in a profile.
+    if (merged_.size() < acc_.size() + count) merged_.resize(acc_.size() + count);
+    pareto_point* out = merged_.data();
+    std::size_t n = 0;
     auto less = [](const pareto_point& a, const pareto_point& b) {
       if (a.k != b.k) return a.k < b.k;
       if (a.t != b.t) return a.t < b.t;
@@ -310,7 +314,7 @@ class budget_optimizer {
     };
     auto push = [&](const pareto_point& p) {
       if (p.k > k_max_ || !(p.t < t_stop_)) return;
-      if (merged_.empty() || p.t < merged_.back().t) merged_.push_back(p);
+      if (n == 0 || p.t < out[n - 1].t) out[n++] = p;
     };
     std::size_t i = 0, j = 0;
     pareto_point b{};
@@ -328,6 +332,7 @@ class budget_optimizer {
         push(acc_[i++]);
       }
     }
+    merged_.resize(n);
     std::swap(acc_, merged_);
   }
 
@@ -335,7 +340,7 @@ class budget_optimizer {
   std::size_t finish_set() {
     const std::size_t id = make_set();
     auto& out = sets_[id];
-    out.swap(acc_);
+    out.assign(acc_.begin(), acc_.end());  // a copy: acc_ keeps its capacity
     acc_.clear();
     if (out.size() > cap_) {
       // Buckets of equal width in bytes; the last point of each (the fastest in it) stays, so a
