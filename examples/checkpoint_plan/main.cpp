@@ -204,14 +204,10 @@ int usage(int code) {
   return code;
 }
 
-bool parse_mib(std::string_view s, double& out) {
+/// A number in [0, max], the whole of `s` (NaN and trailing characters refused).
+bool parse_double(std::string_view s, double max, double& out) {
   const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
-  return r.ec == std::errc{} && r.ptr == s.data() + s.size() && out >= 0.0 && out < 8.0e12;
-}
-
-bool parse_ratio(std::string_view s, double& out) {
-  const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
-  return r.ec == std::errc{} && r.ptr == s.data() + s.size() && out >= 0.0 && out <= 1.0e6;
+  return r.ec == std::errc{} && r.ptr == s.data() + s.size() && out >= 0.0 && out <= max;
 }
 
 bool parse_int(std::string_view s, std::int64_t& out) {
@@ -241,7 +237,7 @@ int main(int argc, char** argv) {
       ++i;
     } else if (a == "--size" && has_value && parse_int(args[i + 1], size)) {
       ++i;
-    } else if (a == "--budget" && has_value && parse_mib(args[i + 1], budget_mib)) {
+    } else if (a == "--budget" && has_value && parse_double(args[i + 1], 8.0e12, budget_mib)) {
       ++i;
     } else if (a == "--frontier") {
       frontier = true;
@@ -255,7 +251,8 @@ int main(int argc, char** argv) {
       options.max_points = static_cast<std::size_t>(max_points);
       knobs = true;
       ++i;
-    } else if (a == "--bound-ratio" && has_value && parse_ratio(args[i + 1], options.bound_ratio)) {
+    } else if (a == "--bound-ratio" && has_value &&
+               parse_double(args[i + 1], 1.0e6, options.bound_ratio)) {
       knobs = true;
       ++i;
     } else {
