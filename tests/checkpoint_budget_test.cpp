@@ -1139,3 +1139,37 @@ TEST_CASE("solve_step_budget on a large frontier: bisected, never slower than th
   MESSAGE("faster than the scan's plan at ", faster, " of 21 budgets");
   CHECK(faster >= 15);  // measured: 20 of 21 (the local search)
 }
+
+TEST_CASE("solve_step_budget past its work limit: starts from the fast setting's frontier") {
+  // An exact frontier search that would take more than options.step_search_work stops and the
+  // start frontier is searched with max_points 512 and bound ratio 0.3 instead. ResNet-18's exact
+  // search is far below the default limit; a limit of 1 stops it after its first pass.
+  const ck::graph g = ck::models::resnet(18, {32, 3, 224, 224});
+  const ck::frontier exact = ck::solve_frontier(g);
+  const ck::frontier fast = ck::solve_frontier(g, {.max_points = 512, .bound_ratio = 0.3});
+  REQUIRE(fast.search_passes < exact.search_passes);  // the two starts are told apart by passes
+  const ck::cost_t least =
+      ck::simulate_step(g, ck::solve_budget(g, exact.points.front().memory)).peak;
+  const ck::cost_t most =
+      ck::simulate_step(g, ck::solve_budget(g, exact.points.back().memory)).peak;
+  ck::budget_options limited, unlimited;
+  limited.step_search_work = 1;
+  unlimited.step_search_work = 0;
+  double worst = 0.0;
+  for (int i = 0; i <= 4; ++i) {
+    const ck::cost_t budget = least + (most - least) * i / 4;
+    CAPTURE(budget);
+    const ck::plan full = ck::solve_step_budget(g, budget);
+    CHECK(full.search_passes == exact.search_passes);
+    const ck::plan none = ck::solve_step_budget(g, budget, unlimited);
+    CHECK(none.search_passes == exact.search_passes);
+    CHECK(none.extra_time == full.extra_time);
+    const ck::plan p = ck::solve_step_budget(g, budget, limited);
+    CHECK(p.search_passes == 1 + fast.search_passes);
+    CHECK_FALSE(p.exact);
+    CHECK(ck::simulate_step(g, p).peak <= budget);
+    if (full.extra_time > 0) worst = std::max(worst, p.extra_time / full.extra_time);
+  }
+  MESSAGE("fast start: at most ", worst, "x the exact start's extra time");
+  CHECK(worst <= 1.1);
+}

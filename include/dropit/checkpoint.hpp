@@ -323,6 +323,11 @@ struct budget_options {
   /// 0: every segment bound that can matter is tried (exact). r > 0: each next bound is at most
   /// the last / (1 + r), so a plan with largest segment a may be missed by at most r x a bytes.
   double bound_ratio = 0.0;
+  /// `solve_step_budget` only: the most work (candidate points merged into the dynamic program's
+  /// sets, about 2-3e8 a second on the development machine) its start frontier's exact search may
+  /// take; past it the frontier is searched again with `max_points` <= 512 and `bound_ratio` >=
+  /// 0.3 (docs/checkpoint.md). 0: no limit.
+  std::uint64_t step_search_work = 300'000'000;
 };
 
 /**
@@ -415,12 +420,13 @@ struct step_memory {
 /**
  * @brief A fast plan whose step peak (`simulate_step(g, plan).peak`) is at most `budget`: a
  * heuristic, `plan::exact` is false. It starts from the fastest plan of the (memory, time)
- * frontier (`solve_frontier`) whose step fits (a frontier of more than 64 points is bisected by
- * step peak, each point tried costing a pass of the dynamic program), or, if none fits, from the
- * one with the least step peak, moved one vertex's decision at a time (kept, dropped, compressed
- * with an option) to the neighbour with the least step peak (two decisions at once when no single
- * one lowers it) until it fits; then, while some neighbour is faster and fits, it moves to the
- * fastest one, and when none is, to a faster plan two decisions away that fits (the most
+ * frontier (`solve_frontier`; with the fast setting when the exact search would pass
+ * `budget_options::step_search_work`) whose step fits (a frontier of more than 64 points is
+ * bisected by step peak, each point tried costing a pass of the dynamic program), or, if none fits,
+ * from the one with the least step peak, moved one vertex's decision at a time (kept, dropped,
+ * compressed with an option) to the neighbour with the least step peak (two decisions at once when
+ * no single one lowers it) until it fits; then, while some neighbour is faster and fits, it moves
+ * to the fastest one, and when none is, to a faster plan two decisions away that fits (the most
  * promising pairs by time saved; docs/checkpoint.md).
  * @throw dropit::error if the graph is not valid, or if no plan is found that fits (the message
  * gives the least step peak found)

@@ -132,6 +132,10 @@ class budget_optimizer {
   /// Whether some set was thinned since construction.
   [[nodiscard]] bool thinned() const noexcept { return thinned_; }
 
+  /// Candidate points merged into sets since construction: the search's work, a measure of its
+  /// time that does not depend on the machine.
+  [[nodiscard]] std::uint64_t work() const noexcept { return work_; }
+
   /// Evaluates every node at bound M, bottom-up; returns the root's (open) set. A node's set
   /// depends on M only through which candidate segments inside it fit (runs of a series,
   /// a complicate region as one segment): a set made at an earlier bound is reused while M stays
@@ -304,6 +308,7 @@ class budget_optimizer {
   void absorb(std::size_t count, F&& make) {
     // Written through a pointer into a buffer sized for every candidate: push_back took a fifth
     // of DenseNet-121's frontier search in a profile.
+    work_ += acc_.size() + count;
     if (merged_.size() < acc_.size() + count) merged_.resize(acc_.size() + count);
     pareto_point* out = merged_.data();
     std::size_t n = 0;
@@ -618,6 +623,7 @@ class budget_optimizer {
   const division_tree& t_;
   std::size_t cap_;
   bool thinned_ = false;
+  std::uint64_t work_ = 0;
   cost_t k_max_ = std::numeric_limits<cost_t>::max();
   double t_stop_ = std::numeric_limits<double>::infinity();
   std::vector<double> time_;
@@ -672,8 +678,10 @@ class budget_search {
                 const budget_options& options, bool memory_only = false)
       : opt_(g, d, tree, options, memory_only), ratio_(options.bound_ratio) {}
 
-  /// budget < 0: the whole frontier; else the fastest plan within `budget` (if any).
-  std::vector<budget_hit> run(cost_t budget) {
+  /// budget < 0: the whole frontier; else the fastest plan within `budget` (if any). A search
+  /// whose `work()` passes `max_work` after a pass stops there and returns nothing (`aborted()`).
+  std::vector<budget_hit> run(cost_t budget,
+                              std::uint64_t max_work = std::numeric_limits<std::uint64_t>::max()) {
     const bool frontier_mode = budget < 0;
     std::vector<budget_hit> front;  // memory up, time strictly down
     budget_hit best{};
@@ -687,6 +695,10 @@ class budget_search {
       opt_.set_limits(k_max, t_stop);
       const auto& root = opt_.pass(bound);
       ++passes_;
+      if (opt_.work() > max_work) {
+        aborted_ = true;
+        return {};
+      }
       fresh.clear();
       for (std::size_t i = 0; i < root.size(); ++i) {
         const budget_hit h{root[i].k + root[i].a, root[i].t, bound, i, k_max, t_stop};
@@ -731,6 +743,10 @@ class budget_search {
   }
 
   [[nodiscard]] std::size_t passes() const noexcept { return passes_; }
+  /// The dynamic program's work so far (`budget_optimizer::work`).
+  [[nodiscard]] std::uint64_t work() const noexcept { return opt_.work(); }
+  /// Whether `run` stopped at its `max_work`.
+  [[nodiscard]] bool aborted() const noexcept { return aborted_; }
   /// Whether the result may not be exact: a set was thinned or a bound skipped by the ratio.
   [[nodiscard]] bool thinned() const noexcept { return opt_.thinned() || coarse_; }
 
@@ -766,6 +782,7 @@ class budget_search {
   budget_optimizer opt_;
   double ratio_ = 0.0;
   bool coarse_ = false;
+  bool aborted_ = false;
   std::size_t passes_ = 0;
 };
 
