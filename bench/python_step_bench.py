@@ -21,13 +21,23 @@ thousands per step, this interleaved run almost none). Each round runs
 one step of every configuration in a fresh random order; the figure is the median over rounds,
 with the ratio against plain PyTorch and the interquartile range of the per-round ratios.
 
+Which configuration pays page faults depends on how glibc's heap happens to grow and shrink
+between them. ``--steady-heap`` first sets glibc's ``M_MMAP_THRESHOLD`` to 32 MiB and
+``M_TRIM_THRESHOLD`` to 1 GiB (``mallopt``, as the ``MALLOC_MMAP_THRESHOLD_`` and
+``MALLOC_TRIM_THRESHOLD_`` environment variables would): every allocation then comes from a heap
+that is never handed back, so no configuration pays page faults after the warm-up and the
+ratios compare the work alone.
+
     bench/python_step_bench.py [--rounds 200] [--warmup 20] [--batch-size 128] [--threads 2]
-                               [--gamma 0.9] [--models cnn vit] [--json FILE] [--markdown FILE]
+                               [--gamma 0.9] [--models cnn vit] [--steady-heap]
+                               [--json FILE] [--markdown FILE]
 
 Needs dropit importable (PYTHONPATH=build/release/python, or a pip-installed package).
 """
 import argparse
 import copy
+import ctypes
+import ctypes.util
 import datetime
 import json
 import os
@@ -198,6 +208,16 @@ def markdown(rows, a, command):
     return "\n".join(lines) + "\n"
 
 
+def steady_heap():
+    """glibc serves every allocation under 32 MiB from its heap and never trims it (see the
+    module doc)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    if libc.mallopt(m_mmap_threshold, 32 << 20) != 1 or \
+            libc.mallopt(m_trim_threshold, 1 << 30) != 1:
+        raise SystemExit("python_step_bench: mallopt refused --steady-heap's settings")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=200)
@@ -206,9 +226,13 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--gamma", type=float, default=0.9)
     p.add_argument("--models", nargs="+", default=["cnn", "vit"])
+    p.add_argument("--steady-heap", action="store_true",
+                   help="glibc keeps its heap: no page faults after the warm-up (module doc)")
     p.add_argument("--json", default="")
     p.add_argument("--markdown", default="")
     a = p.parse_args()
+    if a.steady_heap:
+        steady_heap()
     torch.set_num_threads(a.threads)
     images, labels = fmnist.load("train", limit=a.batch_size * 16)
     rows = []
@@ -221,6 +245,7 @@ def main():
         with open(a.json, "w") as f:
             json.dump({"date": datetime.date.today().isoformat(), "command": command.strip(),
                        "threads": a.threads, "batch": a.batch_size, "gamma": a.gamma,
+                       "steady_heap": a.steady_heap,
                        "rows": rows}, f, indent=1)
     if a.markdown:
         with open(a.markdown, "w") as f:
