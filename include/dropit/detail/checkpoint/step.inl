@@ -493,19 +493,21 @@ inline plan solve_step_budget(const graph& g, cost_t budget, const budget_option
   // frontier of the fast setting (at most 512 points a set, bound ratio 0.3). The start is a
   // heuristic's either way; on the built-in models past the limit (DenseNets, Inception-v3) the
   // plans were as fast to 0.13% and 5-33x sooner (docs/checkpoint.md).
-  detail::budget_search exact(g, d, tree, options);
+  std::optional<detail::budget_search> search(std::in_place, g, d, tree, options);
   std::vector<detail::budget_hit> front =
-      exact.run(-1, options.step_search_work > 0 ? options.step_search_work
-                                                 : std::numeric_limits<std::uint64_t>::max());
-  std::optional<detail::budget_search> fast;
-  if (exact.aborted()) {
+      search->run(-1, options.step_search_work > 0 ? options.step_search_work
+                                                   : std::numeric_limits<std::uint64_t>::max());
+  std::size_t passes = 0;
+  if (search->aborted()) {
+    passes = search->passes();
     budget_options o = options;
     o.max_points = std::min<std::size_t>(o.max_points, 512);
     o.bound_ratio = std::max(o.bound_ratio, 0.3);
-    fast.emplace(g, d, tree, o);
-    front = fast->run(-1);
+    search.reset();  // its sets are given back before the second search makes its own
+    search.emplace(g, d, tree, o);
+    front = search->run(-1);
   }
-  detail::budget_search& search = fast ? *fast : exact;
+  passes += search->passes();
   // A frontier plan to start from: the fastest whose step fits, else the one with the least step
   // peak. Each costs a pass of the dynamic program, so a frontier of more than `scan_limit`
   // points is bisected instead (the step peak mostly grows with the planner's memory) between the
@@ -515,7 +517,7 @@ inline plan solve_step_budget(const graph& g, cost_t budget, const budget_option
   std::optional<plan> best;
   cost_t best_peak = std::numeric_limits<cost_t>::max();
   const auto visit = [&](std::size_t i) {
-    plan p = search.make_plan(g, d, front[i]);
+    plan p = search->make_plan(g, d, front[i]);
     const cost_t peak = simulate_step(g, p).peak;
     const bool fits = peak <= budget, best_fits = best_peak <= budget;
     // Frontier points are by memory, ascending, so by time, descending: a later fitting point is
@@ -552,7 +554,7 @@ inline plan solve_step_budget(const graph& g, cost_t budget, const budget_option
                  ", then changes of one or two decisions at a time) is ", best_peak);
   local.lower_time(*best, best_peak);
   best->exact = false;
-  best->search_passes = exact.passes() + (fast ? fast->passes() : 0);
+  best->search_passes = passes;
   best->solve_seconds = detail::seconds_since(start);
   return std::move(*best);
 }
