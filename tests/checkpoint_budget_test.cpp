@@ -1142,12 +1142,13 @@ TEST_CASE("solve_step_budget on a large frontier: bisected, never slower than th
 
 TEST_CASE("solve_step_budget past its work limit: starts from the fast setting's frontier") {
   // An exact frontier search that would take more than options.step_search_work stops and the
-  // start frontier is searched with max_points 512 and bound ratio 0.3 instead. ResNet-18's exact
+  // start frontier is searched with max_points 512 and bound ratio 0.3 instead. ResNet-34's exact
   // search is far below the default limit; a limit of 1 stops it after its first pass.
-  const ck::graph g = ck::models::resnet(18, {32, 3, 224, 224});
+  const ck::graph g = ck::models::resnet(34, {32, 3, 224, 224});
   const ck::frontier exact = ck::solve_frontier(g);
   const ck::frontier fast = ck::solve_frontier(g, {.max_points = 512, .bound_ratio = 0.3});
-  REQUIRE(fast.search_passes < exact.search_passes);  // the two starts are told apart by passes
+  // The two starts are told apart by their passes (ResNet-18's would not be: 13 and 1 + 12).
+  REQUIRE(1 + fast.search_passes != exact.search_passes);
   const ck::cost_t least =
       ck::simulate_step(g, ck::solve_budget(g, exact.points.front().memory)).peak;
   const ck::cost_t most =
