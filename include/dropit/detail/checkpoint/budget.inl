@@ -743,8 +743,6 @@ class budget_search {
   }
 
   [[nodiscard]] std::size_t passes() const noexcept { return passes_; }
-  /// The dynamic program's work so far (`budget_optimizer::work`).
-  [[nodiscard]] std::uint64_t work() const noexcept { return opt_.work(); }
   /// Whether `run` stopped at its `max_work`.
   [[nodiscard]] bool aborted() const noexcept { return aborted_; }
   /// Whether the result may not be exact: a set was thinned or a bound skipped by the ratio.
