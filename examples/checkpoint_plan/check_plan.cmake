@@ -7,7 +7,8 @@
 #                                           than --recompute-only; --frontier starts there;
 #                                           --budget --frontier marks the plan's point;
 #                                           --int8 is faster still; --max-points and
-#                                           --bound-ratio give a heuristic in fewer passes
+#                                           --bound-ratio (or --fast) give a heuristic in fewer
+#                                           passes
 #   -DEXE=... -DTABLE=1                     the model table: every model's row, checked against
 #                                           the input sizes and cut-offs the seed published and
 #                                           against the JSON plan of the same model
@@ -120,7 +121,16 @@ elseif(DEFINED BUDGET)
     message(FATAL_ERROR "--max-points 64 --bound-ratio 0.5 printed:\n${fast}\nexact: "
                         "${exact_passes} passes, least memory ${exact_least}")
   endif()
-  foreach(bad "--frontier;--bound-ratio;-1" "--frontier;--max-points;0" "--max-points;64")
+  # --fast: budget_options::fast()'s knobs, a heuristic as above.
+  run_plan(preset --model ${BUDGET} --frontier --fast)
+  string(REGEX MATCH "^# [0-9]+ points, heuristic, ([0-9]+) passes[^\n]*\n[^\n]*\n *([0-9]+) " _
+         "${preset}")
+  if(NOT CMAKE_MATCH_1 OR NOT CMAKE_MATCH_1 LESS exact_passes OR CMAKE_MATCH_2 LESS exact_least)
+    message(FATAL_ERROR "--fast printed:\n${preset}\nexact: ${exact_passes} passes, least "
+                        "memory ${exact_least}")
+  endif()
+  foreach(bad "--frontier;--bound-ratio;-1" "--frontier;--max-points;0" "--max-points;64"
+          "--fast")
     execute_process(COMMAND ${EXE} --model ${BUDGET} ${bad} OUTPUT_QUIET ERROR_QUIET
                     RESULT_VARIABLE rc)
     if(NOT rc EQUAL 2)

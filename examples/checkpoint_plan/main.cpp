@@ -12,6 +12,7 @@
 //   --int8                                  a model's other inner tensors also offer int8 storage
 //   --max-points N, --bound-ratio R         the planner's speed knobs (budget_options; the result
 //                                           is then a heuristic, e.g. 512 and 0.3 for DenseNets)
+//   --fast                                  both knobs of budget_options::fast() (512 and 0.3)
 #include <dropit/checkpoint.hpp>
 
 #include <algorithm>
@@ -191,7 +192,8 @@ int usage(int code) {
       "       checkpoint_plan --model NAME [--batch N] [--size H]\n"
       "       checkpoint_plan --dump NAME [--batch N] [--size H]\n"
       "       checkpoint_plan --model NAME | --graph FILE.json  [--budget MiB] [--frontier]\n"
-      "                       [--recompute-only] [--int8] [--max-points N] [--bound-ratio R]\n"
+      "                       [--recompute-only] [--int8] [--fast] [--max-points N]\n"
+      "                       [--bound-ratio R]\n"
       "       checkpoint_plan --budget-table\n"
       "graph JSON: {\"source\": ID, \"target\": ID, \"vertices\": [{\"id\": ID, \"cost\": "
       "BYTES}, ...],\n"
@@ -251,6 +253,10 @@ int main(int argc, char** argv) {
       options.max_points = static_cast<std::size_t>(max_points);
       knobs = true;
       ++i;
+    } else if (a == "--fast") {
+      options.max_points = ck::budget_options::fast().max_points;
+      options.bound_ratio = ck::budget_options::fast().bound_ratio;
+      knobs = true;
     } else if (a == "--bound-ratio" && has_value &&
                parse_double(args[i + 1], 1.0e6, options.bound_ratio)) {
       knobs = true;

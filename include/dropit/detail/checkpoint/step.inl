@@ -490,7 +490,7 @@ inline plan solve_step_budget(const graph& g, cost_t budget, const budget_option
   }
   const detail::division_tree tree = detail::tree_builder(d).build();
   // The exact frontier, unless its search takes more than `options.step_search_work`: then the
-  // frontier of the fast setting (at most 512 points a set, bound ratio 0.3). The start is a
+  // frontier of the fast setting (`budget_options::fast()`, or tighter knobs). The start is a
   // heuristic's either way; on the built-in models past the limit (DenseNets, Inception-v3) the
   // plans were as fast to 0.13% and 5-33x sooner (docs/checkpoint.md).
   std::optional<detail::budget_search> search(std::in_place, g, d, tree, options);
@@ -501,8 +501,8 @@ inline plan solve_step_budget(const graph& g, cost_t budget, const budget_option
   if (search->aborted()) {
     passes = search->passes();
     budget_options o = options;
-    o.max_points = std::min<std::size_t>(o.max_points, 512);
-    o.bound_ratio = std::max(o.bound_ratio, 0.3);
+    o.max_points = std::min(o.max_points, budget_options::fast().max_points);
+    o.bound_ratio = std::max(o.bound_ratio, budget_options::fast().bound_ratio);
     search.reset();  // its sets are given back before the second search makes its own
     search.emplace(g, d, tree, o);
     front = search->run(-1);
