@@ -213,10 +213,10 @@ inline void Conv1DImpl::reset() {
                  "got nf = ",
                  options.nf(), ", nx = ", options.nx());
   weight = register_parameter("weight", ::torch::empty({options.nx(), options.nf()}));
-  {
-    ::torch::NoGradGuard no_grad;
-    weight.normal_(0.0, 0.02);
-  }
+  // GPT-2's init, N(0, 0.02), from the default generator. (LibTorch's compiled init rather than
+  // the inline Tensor::normal_: copying its empty optional generator inline makes g++ -O2 with
+  // ASan warn -Wmaybe-uninitialized inside c10.)
+  ::torch::nn::init::normal_(weight, 0.0, 0.02);
   if (options.bias()) {
     bias = register_parameter("bias", ::torch::zeros({options.nf()}));
   } else {

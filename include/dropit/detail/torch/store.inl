@@ -5,6 +5,7 @@
 #include <dropit/detail/torch/saved.hpp>
 #include <dropit/torch/packed.hpp>
 
+#include <ATen/Context.h>
 #include <ATen/WrapDimUtils.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -224,7 +225,9 @@ struct dropout_fn : ::torch::autograd::Function<dropout_fn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, double p) {
     // LibTorch's CPU dropout, draw for draw: bernoulli(1 - p) / (1 - p), then x * noise.
     at::Tensor noise = at::empty_like(x, at::MemoryFormat::Contiguous);
-    noise.bernoulli_(1 - p);
+    // The default generator of x's device, as a call without one uses (named here: copying an
+    // empty optional generator inline makes g++ -O2 with ASan warn -Wmaybe-uninitialized).
+    noise.bernoulli_(1 - p, at::globalContext().defaultGenerator(x.device()));
     noise.div_(1 - p);
     at::Tensor y = x * noise;
     ctx->save_for_backward({positive_bits(noise)});
