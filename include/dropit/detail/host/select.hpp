@@ -45,7 +45,7 @@ namespace dropit::detail {
 
 /// Staging pays when x does not stay in the cache between the count and the compact pass: from
 /// half the last-level cache on (measured on a 320 MiB L3: equal at 128 MiB of fp32, faster from
-/// 256 MiB; README, Performance).
+/// 256 MiB; docs/performance.md).
 [[nodiscard]] inline std::size_t host_stage_min_bytes() noexcept {
   return host_llc_bytes() / 2;
 }
