@@ -330,7 +330,7 @@ struct budget_options {
   std::uint64_t step_search_work = 300'000'000;
 
   /// The fast setting, `max_points` 512 and `bound_ratio` 0.3: a heuristic (results are marked
-  /// inexact) that takes DenseNet-201's frontier from minutes to under a second, with at most
+  /// inexact) that takes DenseNet-201's frontier from over a minute to under a second, with at most
   /// 4.7% more memory at any time than the exact frontier there (docs/checkpoint.md, "Speed").
   [[nodiscard]] static budget_options fast() noexcept {
     budget_options o;
