@@ -335,6 +335,45 @@ TEST_CASE("torch: max-pool codes run on across planes; pieces split mid-word pla
   fork_meter::set(overhead);
 }
 
+TEST_CASE("torch: max_pool2d under create_graph: double backward equals LibTorch's") {
+  // With create_graph the backward runs LibTorch's differentiable pooling backward from the
+  // decoded codes: a gradient penalty through the pooling (the gradient of a function of the
+  // input gradient) must equal LibTorch's, and so must the input gradient itself.
+  struct pool_case {
+    std::int64_t k0, k1, s, p, d;
+    bool ceil;
+  };
+  for (const pool_case& c : {pool_case{2, 2, 2, 0, 1, false}, pool_case{3, 3, 2, 1, 1, true},
+                             pool_case{2, 3, 1, 1, 2, false}}) {
+    CAPTURE(c.k0);
+    CAPTURE(c.k1);
+    CAPTURE(c.ceil);
+    torch::manual_seed(5);
+    const auto x = torch::randint(-3, 4, {2, 3, 11, 10}, torch::kFloat);  // ties
+    dt::max_pool2d_params params;
+    params.kernel = {c.k0, c.k1};
+    params.stride = {c.s, c.s};
+    params.padding = {c.p, c.p};
+    params.dilation = {c.d, c.d};
+    params.ceil_mode = c.ceil;
+    const auto penalty = [&](const auto& pool) {
+      const auto xi = x.clone().requires_grad_(true);
+      const auto y = pool(xi * 1.5);
+      const auto w = torch::linspace(-1.0, 2.0, y.numel()).view(y.sizes());
+      const auto gx = torch::autograd::grad({(y * w).sum()}, {xi}, {}, true, true)[0];
+      const auto ggx = torch::autograd::grad({(gx * gx).sum() + (gx * xi).sum()}, {xi})[0];
+      return std::pair{gx.detach(), ggx};
+    };
+    const auto [gx, ggx] =
+        penalty([&](const torch::Tensor& t) { return dt::max_pool2d(t, params); });
+    const auto [rgx, rggx] = penalty([&](const torch::Tensor& t) {
+      return torch::max_pool2d(t, {c.k0, c.k1}, {c.s, c.s}, {c.p, c.p}, {c.d, c.d}, c.ceil);
+    });
+    CHECK(same(gx, rgx));
+    CHECK(same(ggx, rggx));
+  }
+}
+
 TEST_CASE("torch: max_pool2d_relu equals LibTorch's relu(max_pool2d), ties, zeros and NaN too") {
   // Every window kind, several chunks of planes (forking forced, so chunks run on both threads),
   // outputs of every sign: each output and gradient as LibTorch's two ops give them.

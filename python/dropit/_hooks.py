@@ -9,8 +9,14 @@ pack hook hands dropit's C++ library only the tensors it must:
   weight gradient. Parameters, their views and copies (the weight, an autocast weight) are saved
   as they are, so the input gradient stays exact.
 * ReLU: its saved output becomes a 1-bit mask.
-* MaxPool2d: its int64 indices become window positions, and its saved input (read by backward
-  for its shape only) a shape; so does the input a Conv2d's padding mode pads.
+* MaxPool2d: its pooling runs through dropit's C++ kernel (``_C._max_pool2d``), which saves, per
+  output, the window position of its maximum (2 bits for a 2x2 window) instead of the input and
+  int64 indices; output and gradient are PyTorch's, ties, NaNs and double backward included. The
+  layer's pre-hook enters a ``TorchFunctionMode`` that routes its ``F.max_pool2d`` call there
+  (and its hook leaves it); what the kernel does not take (``return_indices``, a non-contiguous
+  or non-CPU input, another dtype) runs in PyTorch, whose int64 indices then become window
+  positions and whose saved input (read by backward for its shape only) a shape; so does the
+  input a Conv2d's padding mode pads.
 
 With ``store=`` the tensors DropIT leaves dense are kept through a value codec (a dense
 ``Identity`` pack with ``store_codec``), each class on its own:
@@ -30,7 +36,9 @@ import threading
 import weakref
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from . import _C
 
@@ -154,6 +162,60 @@ class _Restored:
         return self.base.restore().as_strided(self.size, self.stride, self.offset)
 
 
+_POOL_DTYPES = frozenset([torch.float32, torch.float64, torch.bfloat16, torch.float16])
+
+
+def _pair(v):
+    """An int or a sequence of one or two ints as a pair; None when it is neither."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return (v, v)
+    if isinstance(v, (tuple, list)) and len(v) in (1, 2) and all(
+            isinstance(e, int) and not isinstance(e, bool) for e in v):
+        return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
+    return None
+
+
+def _pool_args(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    """F.max_pool2d's arguments as dropit's kernel takes them, or None when it does not take
+    them (PyTorch then runs the call, and raises what it raises for bad ones)."""
+    if (return_indices or type(input) is not torch.Tensor or not input.requires_grad
+            or input.device.type != "cpu" or input.layout != torch.strided
+            or input.dtype not in _POOL_DTYPES or input.dim() not in (3, 4)
+            or not input.is_contiguous() or not isinstance(ceil_mode, bool)):
+        return None
+    k = _pair(kernel_size)
+    s = k if stride is None or (isinstance(stride, (tuple, list)) and not stride) else _pair(stride)
+    p, d = _pair(padding), _pair(dilation)
+    if k is None or s is None or p is None or d is None or min(k + s + d) <= 0:
+        return None
+    if not (0 <= p[0] <= k[0] // 2 and 0 <= p[1] <= k[1] // 2):
+        return None
+    return input, k, s, p, d, ceil_mode
+
+
+class _PoolMode(TorchFunctionMode):
+    """Routes ``F.max_pool2d`` (and ``torch.max_pool2d``) with a gradient to compute through
+    dropit's kernel while a MaxPool2d layer's forward runs; every other call runs as it is."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is F.max_pool2d or func is torch.max_pool2d) and torch.is_grad_enabled():
+            try:
+                bound = _pool_args(*args, **kwargs)
+            except TypeError:
+                bound = None
+            if bound is not None:
+                try:
+                    return _C._max_pool2d(*bound)
+                except _C.Error:  # e.g. an output too small: PyTorch raises its own error
+                    pass
+        return func(*args, **kwargs)
+
+
+_POOL_MODE = _PoolMode()
+
+
 class _Layer:
     """A layer to_dropit selected: what it packs and with which policy."""
 
@@ -189,7 +251,8 @@ class _Layer:
 class _Scope:
     """One forward of one layer: the pack hook and what it needs to know about the input."""
 
-    __slots__ = ("layer", "frame", "x", "x_requires_grad", "policy", "memo", "__weakref__")
+    __slots__ = ("layer", "frame", "x", "x_requires_grad", "policy", "memo", "mode",
+                 "__weakref__")
 
     def __init__(self, layer, frame, x):
         self.layer, self.frame = layer, frame
@@ -200,6 +263,7 @@ class _Scope:
         # attention: id(tensor) -> (tensor, pack) of the dense tensors packed in this forward, so
         # that a tensor saved twice (or a view of it) is held once. Emptied when the forward ends.
         self.memo = {} if layer.kind == "attention" else None
+        self.mode = False  # whether this scope entered _POOL_MODE
 
     def live(self):
         """Whether this layer's forward is still running on this thread (it is not after an
@@ -308,10 +372,7 @@ def _stack():
 def _drop_stale(stack):
     """Closes scopes whose forward raised (their forward hook never ran)."""
     while stack and not _on_stack(stack[-1].frame):
-        scope = stack.pop()
-        scope.frame = None
-        scope.memo = None
-        _pop_hooks()
+        _close(stack.pop())
 
 
 def _on_stack(frame):
@@ -333,9 +394,22 @@ def _pre_hook(layer):
         scope = _Scope(layer, sys._getframe(1), args[0] if args else None)
         _push_hooks(scope.pack, _unpack)
         stack.append(scope)
+        if layer.kind == "pool":
+            _POOL_MODE.__enter__()
+            scope.mode = True
         return None
 
     return hook
+
+
+def _close(scope):
+    """Leaves what a scope entered: the pool mode, the saved-tensor hooks."""
+    scope.frame = None  # the frame holds the forward's locals: let them go
+    scope.memo = None
+    if scope.mode:
+        scope.mode = False
+        _POOL_MODE.__exit__(None, None, None)
+    _pop_hooks()
 
 
 def _post_hook(layer):
@@ -343,10 +417,7 @@ def _post_hook(layer):
         stack = _stack()
         caller = sys._getframe(1)
         if stack and stack[-1].layer is layer and stack[-1].frame is caller:
-            scope = stack.pop()
-            scope.frame = None  # the frame holds the forward's locals: let them go
-            scope.memo = None
-            _pop_hooks()
+            _close(stack.pop())
         return None
 
     return hook

@@ -198,6 +198,20 @@ Raises dropit.Error for a non-contiguous, non-CPU or unsupported tensor.)doc");
       py::call_guard<py::gil_scoped_release>());
 
   m.def(
+      "_max_pool2d",
+      [](const at::Tensor& x, pair2 kernel, pair2 stride, pair2 padding, pair2 dilation,
+         bool ceil_mode) {
+        const dt::max_pool2d_params params{kernel, stride, padding, dilation, ceil_mode};
+        return dt::max_pool2d(x, params);
+      },
+      py::arg("input"), py::arg("kernel"), py::arg("stride"), py::arg("padding"),
+      py::arg("dilation"), py::arg("ceil_mode"), py::call_guard<py::gil_scoped_release>(),
+      R"doc(
+2-d max pooling of a CPU tensor that saves, per output, the window position of its maximum
+(2 bits for a 2x2 window) instead of the input and int64 indices; output and gradient equal
+PyTorch's (ties and NaNs included). Without a gradient to compute, PyTorch's max_pool2d.)doc");
+
+  m.def(
       "_live_saved_bytes",
       [] {
         const dt::saved_bytes b = dt::live_saved_bytes();

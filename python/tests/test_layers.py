@@ -362,28 +362,160 @@ POOL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("kw", POOL_CASES, ids=[str(c) for c in POOL_CASES])
-@pytest.mark.parametrize("layout", ["nchw", "channels_last", "unbatched"])
-def test_max_pool_is_exact_and_saves_codes(kw, layout):
-    pool = nn.MaxPool2d(**kw)
-    dropit.to_dropit(pool, "mink", 0.9)
-    x = torch.randn(2, 3, 13, 15)
+# The autograd node of dropit's C++ max pooling (include/dropit/detail/torch/functional.inl).
+POOL_NODE = "torch::autograd::CppNode<dropit::torch::detail::max_pool2d_fn>"
+
+
+def _code_bytes(y, kernel):
+    """Bytes of the window codes dropit's pooling keeps for output y: one code per output of
+    the fewest bits that hold kh * kw positions, rounded up to a power of two, in 32-bit words."""
+    kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
+    bits = 1
+    while (1 << bits) < kh * kw:
+        bits += 1
+    while bits & (bits - 1):
+        bits += 1
+    return (y.numel() * bits + 31) // 32 * 4
+
+
+def _pool_input(layout, dtype=torch.float32):
+    x = torch.randn(2, 3, 13, 15).to(dtype)
     x[0, 0, :4, :4] = 1.0  # ties: the first maximum in scan order wins, as in PyTorch
+    x[1, 2, 5, 5] = float("nan")  # a NaN is the maximum of every window it is in
+    x[1, 1, 7, :] = float("-inf")
     if layout == "channels_last":
         x = x.to(memory_format=torch.channels_last)
     if layout == "unbatched":
         x = x[0]
-    x.requires_grad_(True)
+    return x
+
+
+def _same(a, b):
+    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("kw", POOL_CASES, ids=[str(c) for c in POOL_CASES])
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "unbatched"])
+def test_max_pool_is_exact_and_saves_codes(kw, layout):
+    # A contiguous input runs through dropit's kernel: no dense input, no int64 indices, only
+    # the window codes. A channels_last one runs in PyTorch, its indices packed as codes.
+    pool = nn.MaxPool2d(**kw)
+    dropit.to_dropit(pool, "mink", 0.9)
+    x = _pool_input(layout).requires_grad_(True)
     plain_x = x.detach().clone().requires_grad_(True)
     y0, i0 = F.max_pool2d(plain_x, return_indices=True, **kw)
     y = pool(x)
-    assert torch.equal(y, y0)
-    assert torch.equal(saved(y, "result1"), i0)
-    assert dropit.live_saved_bytes().masks > 0
+    _same(y, y0)
+    if layout == "channels_last":
+        assert y.grad_fn.name() == "MaxPool2DWithIndicesBackward0"
+        assert torch.equal(saved(y, "result1"), i0)
+    else:
+        assert y.grad_fn.name() == POOL_NODE
+    assert dropit.live_saved_bytes().masks == _code_bytes(y, kw["kernel_size"])
     g = torch.randn_like(y0)
     y0.backward(g)
     y.backward(g)
-    assert torch.equal(x.grad, plain_x.grad)
+    _same(x.grad, plain_x.grad)
+    assert dropit.live_saved_bytes().masks == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES + ([torch.float16] if dropit._C.has_half else []))
+@pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=3, stride=1, padding=1)],
+                         ids=["2x2", "3x3s1p1"])
+def test_max_pool_kernel_matches_pytorch_in_every_dtype(dtype, kw):
+    pool = nn.MaxPool2d(**kw)
+    dropit.to_dropit(pool)
+    x = _pool_input("nchw", dtype).requires_grad_(True)
+    # PyTorch 1.13 has no float16 max pooling on the CPU: the oracle pools the same values in
+    # float32 (a maximum is exact in any precision, and so is a 2x2 pooling's gradient; an
+    # overlapping window's sums round once per addition in float16).
+    wide = dtype == torch.float16
+    x0 = x.detach().clone().to(torch.float32 if wide else dtype).requires_grad_(True)
+    y, y0 = pool(x), F.max_pool2d(x0, **kw)
+    assert y.grad_fn.name() == POOL_NODE
+    assert y.dtype == dtype
+    _same(y, y0.to(dtype))
+    g = torch.randn(y0.shape).to(dtype)
+    y.backward(g)
+    y0.backward(g.to(y0.dtype))
+    if wide and kw["kernel_size"] != 2:
+        torch.testing.assert_close(x.grad, x0.grad.to(dtype), rtol=0, atol=1e-2, equal_nan=True)
+    else:
+        _same(x.grad, x0.grad.to(dtype))
+
+
+def test_max_pool_double_backward_matches_pytorch():
+    # create_graph=True: the kernel's backward is then PyTorch's differentiable one, fed with
+    # the indices the codes decode to (a gradient penalty through a pooled network).
+    pool = nn.MaxPool2d(3, stride=2, padding=1)
+    dropit.to_dropit(pool)
+    x = _pool_input("nchw").requires_grad_(True)
+    with torch.no_grad():
+        x.nan_to_num_(0.0)
+    w = torch.randn(2, 3, 7, 8)
+    outs = []
+    for run in (lambda t: pool(t), lambda t: F.max_pool2d(t, 3, stride=2, padding=1)):
+        xi = x.detach().clone().requires_grad_(True)
+        y = run(xi * 1.5)
+        (gx,) = torch.autograd.grad((y * w).sum(), xi, create_graph=True)
+        (ggx,) = torch.autograd.grad((gx * gx).sum() + (gx * xi).sum(), xi)
+        outs.append((y.grad_fn.name(), gx.detach(), ggx))
+    assert outs[0][0] == POOL_NODE and outs[1][0] != POOL_NODE
+    _same(outs[0][1], outs[1][1])
+    _same(outs[0][2], outs[1][2])
+
+
+def test_max_pool_leaves_what_the_kernel_does_not_take_to_pytorch():
+    x = torch.randn(2, 3, 12, 12, requires_grad=True)
+    # return_indices: PyTorch's pooling, the indices packed as codes.
+    pool = nn.MaxPool2d(2, return_indices=True)
+    dropit.to_dropit(pool)
+    y, idx = pool(x)
+    y0, idx0 = F.max_pool2d(x, 2, return_indices=True)
+    assert y.grad_fn.name() == "MaxPool2DWithIndicesBackward0"
+    _same(y, y0)
+    assert torch.equal(idx, idx0)
+    del y, idx
+    # Eval mode, no_grad and an input that needs no gradient: plain PyTorch, nothing saved.
+    pool = nn.MaxPool2d(2)
+    dropit.to_dropit(pool)
+    with torch.no_grad():
+        _same(pool(x), F.max_pool2d(x, 2))
+    _same(pool(x.detach()), F.max_pool2d(x.detach(), 2))
+    pool.eval()
+    y = pool(x)
+    assert y.grad_fn.name() == "MaxPool2DWithIndicesBackward0"
+    assert dropit.live_saved_bytes().masks == 0
+
+
+def test_max_pool_subclass_and_other_ops_in_its_forward():
+    # The mode routes only max_pool2d; the other ops of a forward run as they are.
+    class ScaledPool(nn.MaxPool2d):
+        def forward(self, x):
+            return F.max_pool2d(x * 2.0, self.kernel_size, self.stride, self.padding) - 1.0
+
+    pool = ScaledPool(3, stride=2, padding=1)
+    dropit.to_dropit(pool)
+    x = torch.randn(2, 4, 11, 9, requires_grad=True)
+    x0 = x.detach().clone().requires_grad_(True)
+    y, y0 = pool(x), F.max_pool2d(x0 * 2.0, 3, 2, 1) - 1.0
+    _same(y, y0)
+    assert y.grad_fn.next_functions[0][0].name() == POOL_NODE
+    y.sum().backward()
+    y0.sum().backward()
+    _same(x.grad, x0.grad)
+    assert torch.overrides._len_torch_function_stack() == 0  # the mode is left
+
+
+def test_max_pool_error_is_pytorchs_and_leaves_no_mode_behind():
+    pool = nn.MaxPool2d(4)
+    dropit.to_dropit(pool)
+    with pytest.raises(RuntimeError, match="too small"):
+        pool(torch.randn(1, 1, 2, 2, requires_grad=True))
+    # The forward raised before its hook ran; the next hooked forward closes what it left.
+    x = torch.randn(1, 2, 8, 8, requires_grad=True)
+    _same(pool(x), F.max_pool2d(x, 4))
+    assert torch.overrides._len_torch_function_stack() == 0
 
 
 @pytest.mark.parametrize("inplace", [False, True])

@@ -113,7 +113,9 @@ struct max_pool2d_params {
  * LibTorch's dense input plus int64 indices; else `at::max_pool2d`.
  *
  * Output and gradient equal LibTorch's, ties and NaNs included (the same scan order picks the
- * same element).
+ * same element). Under `create_graph` the backward decodes the codes into LibTorch's int64
+ * indices and runs its differentiable `max_pool2d_with_indices_backward`, so double backward
+ * (a gradient penalty) works as with LibTorch's pooling.
  * @param x input [N, C, H, W] or [C, H, W]
  * @throw dropit::error for bad window parameters, an unsupported device or dtype.
  */

@@ -3,6 +3,7 @@
 
 #include <dropit/detail/torch/kernels.hpp>
 #include <dropit/detail/torch/kernels_pool_relu.hpp>
+#include <dropit/detail/torch/packed_kernels.hpp>
 #include <dropit/detail/torch/saved.hpp>
 
 #include <ATen/Dispatch.h>
@@ -478,6 +479,7 @@ struct max_pool2d_fn : ::torch::autograd::Function<max_pool2d_fn> {
         });
     ctx->save_for_backward({codes});
     save_pool_geometry(ctx, x, g);
+    ctx->saved_data["ceil_mode"] = p.ceil_mode;
     return y;
   }
 
@@ -485,6 +487,19 @@ struct max_pool2d_fn : ::torch::autograd::Function<max_pool2d_fn> {
     const at::Tensor codes = ctx->get_saved_variables()[0];
     const pool_geometry g = saved_pool_geometry(ctx);
     const at::Tensor gy = grads[0].contiguous();
+    if (::torch::autograd::GradMode::is_enabled()) {
+      // create_graph: LibTorch's differentiable backward, from the int64 indices the codes
+      // encode (it reads its `self` argument for the sizes only).
+      at::Tensor indices = at::empty(gy.sizes(), gy.options().dtype(at::kLong));
+      decode_pool_indices(reinterpret_cast<const std::uint32_t*>(codes.data_ptr()),
+                          indices.data_ptr<std::int64_t>(), g);
+      const at::Tensor shape =
+          at::zeros({}, gy.options()).expand(ctx->saved_data["x_sizes"].toIntVector());
+      const at::Tensor gx = at::max_pool2d_with_indices_backward(
+          gy, shape, {g.kh, g.kw}, {g.sh, g.sw}, {g.ph, g.pw}, {g.dh, g.dw},
+          ctx->saved_data["ceil_mode"].toBool(), indices);
+      return {gx, at::Tensor()};
+    }
     at::Tensor gx = at::empty(ctx->saved_data["x_sizes"].toIntVector(), gy.options());
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kBFloat16, at::kHalf, gy.scalar_type(), "dropit_max_pool2d_bw", [&] {
