@@ -360,7 +360,8 @@ TEST_CASE("torch: max_pool2d under create_graph: double backward equals LibTorch
       const auto xi = x.clone().requires_grad_(true);
       const auto y = pool(xi * 1.5);
       const auto w = torch::linspace(-1.0, 2.0, y.numel()).view(y.sizes());
-      const auto gx = torch::autograd::grad({(y * w).sum()}, {xi}, {}, true, true)[0];
+      // The incoming gradient 2 y w depends on x: the second backward runs through the first.
+      const auto gx = torch::autograd::grad({(y * y * w).sum()}, {xi}, {}, true, true)[0];
       const auto ggx = torch::autograd::grad({(gx * gx).sum() + (gx * xi).sum()}, {xi})[0];
       return std::pair{gx.detach(), ggx};
     };
@@ -372,6 +373,45 @@ TEST_CASE("torch: max_pool2d under create_graph: double backward equals LibTorch
     CHECK(same(gx, rgx));
     CHECK(same(ggx, rggx));
   }
+}
+
+TEST_CASE("torch: relu and relu_ under create_graph: double backward equals LibTorch's") {
+  // A gradient penalty through the mask ReLU, out of place and in place, contiguous and
+  // channels-last, zeros in the input; the incoming gradient 2 y w depends on x, so the second
+  // backward runs through the first. max_pool2d_relu refuses create_graph.
+  torch::manual_seed(6);
+  const auto base = torch::randint(-3, 4, {2, 3, 5, 6}, torch::kFloat);
+  for (bool channels_last : {false, true}) {
+    for (bool in_place : {false, true}) {
+      CAPTURE(channels_last);
+      CAPTURE(in_place);
+      const auto x = channels_last ? base.contiguous(at::MemoryFormat::ChannelsLast) : base;
+      const auto penalty = [&](bool ours) {
+        const auto xi = x.clone().requires_grad_(true);
+        auto h = xi * 1.5;
+        torch::Tensor y;
+        if (ours) {
+          y = in_place ? dt::relu_(h) : dt::relu(h);
+        } else {
+          y = in_place ? torch::relu_(h) : torch::relu(h);
+        }
+        const auto w = torch::linspace(-1.0, 2.0, y.numel()).view(y.sizes());
+        const auto gx = torch::autograd::grad({(y * y * w).sum()}, {xi}, {}, true, true)[0];
+        const auto ggx = torch::autograd::grad({(gx * gx).sum() + (gx * xi).sum()}, {xi})[0];
+        return std::pair{gx.detach(), ggx};
+      };
+      const auto [gx, ggx] = penalty(true);
+      const auto [rgx, rggx] = penalty(false);
+      CHECK(same(gx, rgx));
+      CHECK(same(ggx, rggx));
+    }
+  }
+  const auto xp = torch::randn({1, 2, 6, 6}, torch::requires_grad());
+  const auto yp = dt::max_pool2d_relu(xp * 1.0, {});
+  CHECK_THROWS_WITH_AS(
+      (void)torch::autograd::grad({yp.sum()}, {xp}, {}, true, true),
+      doctest::Contains("max_pool2d_relu: double backward (create_graph) is not supported"),
+      std::exception);
 }
 
 TEST_CASE("torch: max_pool2d_relu equals LibTorch's relu(max_pool2d), ties, zeros and NaN too") {

@@ -457,7 +457,8 @@ def test_max_pool_double_backward_matches_pytorch():
     for run in (lambda t: pool(t), lambda t: F.max_pool2d(t, 3, stride=2, padding=1)):
         xi = x.detach().clone().requires_grad_(True)
         y = run(xi * 1.5)
-        (gx,) = torch.autograd.grad((y * w).sum(), xi, create_graph=True)
+        # The incoming gradient 2 y w depends on x: the second backward runs through the first.
+        (gx,) = torch.autograd.grad((y * y * w).sum(), xi, create_graph=True)
         (ggx,) = torch.autograd.grad((gx * gx).sum() + (gx * xi).sum(), xi)
         outs.append((y.grad_fn.name(), gx.detach(), ggx))
     assert outs[0][0] == POOL_NODE and outs[1][0] != POOL_NODE

@@ -36,7 +36,8 @@ struct convert_options {
   /// With `masks`: where a Sequential runs a MaxPool2d and then a ReLU (neither excluded), the
   /// pooling applies the ReLU and saves window codes only for the outputs the ReLU passes
   /// (`MaxPool2dImpl::apply_relu`; the ReLU is absorbed: `ReLUImpl::absorb`). The same outputs
-  /// and gradients, fewer saved bytes.
+  /// and gradients, fewer saved bytes; no double backward (`create_graph` throws): turn it off
+  /// for gradient penalties.
   bool fuse_pool_relu = true;
   /// The dense saved tensors to keep through a codec (store.hpp): every dropit store module
   /// (`LayerNorm`, `GELU`, `Softmax`, `Dropout`, `SoftmaxAttention`) gets these options, and

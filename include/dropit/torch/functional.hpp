@@ -81,7 +81,8 @@ struct conv2d_params {
  * `at::relu(x)`.
  *
  * The gradient equals LibTorch's: the incoming gradient where x > 0 (or x is NaN), 0 elsewhere,
- * 0 at x == 0 too.
+ * 0 at x == 0 too. Under `create_graph` the backward runs LibTorch's differentiable
+ * `threshold_backward` on the mask as a 0/1 tensor, so double backward works.
  * @throw dropit::error for an unsupported device or dtype.
  */
 [[nodiscard]] at::Tensor relu(const at::Tensor& x);
@@ -127,9 +128,12 @@ struct max_pool2d_params {
  * window): 1 + p x bits bits per output, p the share of outputs that pass, instead of the
  * 1 + bits of `max_pool2d` followed by `relu`; else (no gradient wanted) LibTorch's ops.
  *
- * Output and gradient equal LibTorch's `relu(max_pool2d(x))`, ties and NaNs included.
+ * Output and gradient equal LibTorch's `relu(max_pool2d(x))`, ties and NaNs included. Its
+ * backward is not differentiable: under `create_graph` it throws (use `max_pool2d` then `relu`,
+ * whose double backward is LibTorch's).
  * @param x input [N, C, H, W] or [C, H, W]
- * @throw dropit::error for bad window parameters, an unsupported device or dtype.
+ * @throw dropit::error for bad window parameters, an unsupported device or dtype; from backward
+ * under `create_graph`.
  */
 [[nodiscard]] at::Tensor max_pool2d_relu(const at::Tensor& x, const max_pool2d_params& params);
 

@@ -360,6 +360,18 @@ struct relu_fn : ::torch::autograd::Function<relu_fn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor mask = ctx->get_saved_variables()[0];
     const std::vector<std::int64_t> strides = ctx->saved_data["strides"].toIntVector();
+    if (::torch::autograd::GradMode::is_enabled()) {
+      // create_graph: LibTorch's differentiable threshold_backward on the mask as a 0/1 tensor of
+      // x's layout (the mask's bits follow that memory order).
+      at::Tensor passes =
+          at::empty_strided(ctx->saved_data["sizes"].toIntVector(), strides, grads[0].options());
+      AT_DISPATCH_FLOATING_TYPES_AND2(
+          at::kBFloat16, at::kHalf, passes.scalar_type(), "dropit_relu_bw_graph", [&] {
+            expand_mask(reinterpret_cast<const std::uint32_t*>(mask.data_ptr()),
+                        passes.data_ptr<scalar_t>(), passes.numel());
+          });
+      return {at::threshold_backward(grads[0], passes, 0)};
+    }
     const bool in_place = grads[0].strides() == at::IntArrayRef(strides) && engine_owns(grads[0]);
     at::Tensor g = grads[0];
     if (in_place) {
@@ -540,6 +552,9 @@ struct max_pool2d_relu_fn : ::torch::autograd::Function<max_pool2d_relu_fn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    DROPIT_EXPECTS(!::torch::autograd::GradMode::is_enabled(),
+                   "torch::max_pool2d_relu: double backward (create_graph) is not supported; use "
+                   "max_pool2d then relu (convert_options::fuse_pool_relu = false)");
     const variable_list saved = ctx->get_saved_variables();
     const pool_geometry g = saved_pool_geometry(ctx);
     const at::Tensor gy = grads[0].contiguous();
