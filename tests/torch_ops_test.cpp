@@ -350,12 +350,7 @@ TEST_CASE("torch: max_pool2d under create_graph: double backward equals LibTorch
     CAPTURE(c.ceil);
     torch::manual_seed(5);
     const auto x = torch::randint(-3, 4, {2, 3, 11, 10}, torch::kFloat);  // ties
-    dt::max_pool2d_params params;
-    params.kernel = {c.k0, c.k1};
-    params.stride = {c.s, c.s};
-    params.padding = {c.p, c.p};
-    params.dilation = {c.d, c.d};
-    params.ceil_mode = c.ceil;
+    const dt::max_pool2d_params params{{c.k0, c.k1}, {c.s, c.s}, {c.p, c.p}, {c.d, c.d}, c.ceil};
     const auto penalty = [&](const auto& pool) {
       const auto xi = x.clone().requires_grad_(true);
       const auto y = pool(xi * 1.5);

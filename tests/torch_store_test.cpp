@@ -12,6 +12,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -274,6 +277,34 @@ TEST_CASE("torch store: modules and to_dropit switch each class separately") {
   REQUIRE(copy);
   CHECK(copy->get_store().matmul);
   CHECK(dt::to_string(copy->get_store()) == "softmax,matmul");
+}
+
+TEST_CASE("torch store: double backward (create_graph) is a dropit::error, not a partial one") {
+  // The saved tensors come back without autograd history: a second derivative built from them
+  // would lack their part. Each op refuses create_graph; a plain backward still works.
+  torch::manual_seed(8);
+  const auto x0 = torch::randn({2, 16, 32});
+  const auto exact = store_policy(dropit::value_codec::exact);
+  const std::vector<std::pair<std::string, std::function<torch::Tensor(const torch::Tensor&)>>> ops{
+      {"layer_norm",
+       [&](const torch::Tensor& x) {
+         return dt::layer_norm(x, {32}, c10::nullopt, c10::nullopt, 1e-5, exact);
+       }},
+      {"gelu", [&](const torch::Tensor& x) { return dt::gelu(x, exact); }},
+      {"softmax", [&](const torch::Tensor& x) { return dt::softmax(x, -1, exact); }},
+      {"attention", [&](const torch::Tensor& x) {
+         const auto q = x.view({2, 2, 8, 32});
+         return dt::attention(q, q, q, exact, exact);
+       }}};
+  for (const auto& [name, op] : ops) {
+    CAPTURE(name);
+    const auto x = x0.clone().requires_grad_(true);
+    const auto y = op(x * 1.0);
+    const std::string refusal = name + ": double backward (create_graph) is not supported";
+    CHECK_THROWS_WITH_AS((void)torch::autograd::grad({(y * y).sum()}, {x}, {}, true, true),
+                         doctest::Contains(refusal.c_str()), std::exception);
+    CHECK(torch::autograd::grad({(y * y).sum()}, {x})[0].defined());
+  }
 }
 
 TEST_CASE("torch store: bad input is a dropit::error") {

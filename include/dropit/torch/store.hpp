@@ -72,7 +72,9 @@ struct store_options {
  * codec; `none`: LibTorch's plain op). Gradients of x, weight and bias from LibTorch's
  * `native_layer_norm_backward` on the restored input.
  * @throw dropit::error for a non-CPU tensor or a `mink`/`random` policy (layer inputs of
- * normalisation are read whole by backward: only dense packs are allowed).
+ * normalisation are read whole by backward: only dense packs are allowed); from backward under
+ * `create_graph` (the restored input has no autograd history, so no double backward; this holds
+ * for `gelu`, `softmax` and `attention` too).
  */
 [[nodiscard]] at::Tensor layer_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
                                     const c10::optional<at::Tensor>& weight,

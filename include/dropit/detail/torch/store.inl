@@ -87,6 +87,15 @@ template <class... T>
          (... || (inputs.defined() && inputs.requires_grad()));
 }
 
+/// Throws from a backward under create_graph: its saved tensors come back without autograd
+/// history, so a gradient built from them would silently lack their part of the second
+/// derivative.
+inline void refuse_create_graph(const char* who) {
+  DROPIT_EXPECTS(!::torch::autograd::GradMode::is_enabled(), "torch::", who,
+                 ": double backward (create_graph) is not supported (its saved tensors are "
+                 "rebuilt without autograd history); use LibTorch's op for a gradient penalty");
+}
+
 /// A tensor to save: packed with p when p is active, else as it is.
 [[nodiscard]] inline at::Tensor keep(const at::Tensor& t, const policy& p) {
   return p.active() ? save_packed(t, p) : t;
@@ -115,6 +124,7 @@ struct layer_norm_fn : ::torch::autograd::Function<layer_norm_fn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    refuse_create_graph("layer_norm");
     const variable_list s = ctx->get_saved_variables();
     const at::Tensor x = restore_packed(s[0], ctx->saved_data["x_sizes"].toIntVector());
     const std::array<bool, 3> mask{ctx->needs_input_grad(0),
@@ -138,6 +148,7 @@ struct gelu_fn : ::torch::autograd::Function<gelu_fn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    refuse_create_graph("gelu");
     const at::Tensor x =
         restore_packed(ctx->get_saved_variables()[0], ctx->saved_data["x_sizes"].toIntVector());
     return {at::gelu_backward(grads[0], x, ctx->saved_data["approximate"].toStringRef()),
@@ -157,6 +168,7 @@ struct softmax_fn : ::torch::autograd::Function<softmax_fn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    refuse_create_graph("softmax");
     const at::Tensor y =
         restore_packed(ctx->get_saved_variables()[0], ctx->saved_data["y_sizes"].toIntVector());
     return {at::_softmax_backward_data(grads[0], y, ctx->saved_data["dim"].toInt(),
@@ -190,6 +202,7 @@ struct attention_fn : ::torch::autograd::Function<attention_fn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    refuse_create_graph("attention");
     const variable_list saved = ctx->get_saved_variables();
     const std::vector<std::int64_t> n = ctx->saved_data["sizes"].toIntVector();
     const std::int64_t bh = n[0], t = n[1], d = n[2], s = n[3], e = n[4];
