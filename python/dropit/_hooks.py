@@ -302,7 +302,10 @@ class _Scope:
             return t
         # pool: the int64 indices, and the input (read for its shape)
         if t.dtype == torch.int64 and t.dim() >= 3:
-            return _C._pack_pool_indices(t, x.shape[-2], x.shape[-1], *self.layer.pool)
+            try:
+                return _C._pack_pool_indices(t, x.shape[-2], x.shape[-1], *self.layer.pool)
+            except _C.Error:  # not this module's window (a forward pooling with other arguments)
+                return t
         if _same_data(t, x):
             return _ShapeOnly(t)
         return t

@@ -508,6 +508,25 @@ def test_max_pool_subclass_and_other_ops_in_its_forward():
     assert torch.overrides._len_torch_function_stack() == 0  # the mode is left
 
 
+def test_max_pool_indices_of_another_window_are_kept_as_they_are():
+    # A forward that pools with other arguments than the module's, asking for the indices (so
+    # PyTorch pools): they are not positions in the module's window and are saved as they are.
+    class OtherWindow(nn.MaxPool2d):
+        def forward(self, x):
+            return F.max_pool2d(x, 3, 1, 1, return_indices=True)[0]
+
+    pool = OtherWindow(2)
+    dropit.to_dropit(pool)
+    x = torch.randn(2, 3, 8, 9, requires_grad=True)
+    x0 = x.detach().clone().requires_grad_(True)
+    y, y0 = pool(x), F.max_pool2d(x0, 3, 1, 1)
+    _same(y, y0)
+    assert torch.equal(saved(y, "result1"), F.max_pool2d(x0, 3, 1, 1, return_indices=True)[1])
+    y.sum().backward()
+    y0.sum().backward()
+    _same(x.grad, x0.grad)
+
+
 def test_max_pool_error_is_pytorchs_and_leaves_no_mode_behind():
     pool = nn.MaxPool2d(4)
     dropit.to_dropit(pool)
