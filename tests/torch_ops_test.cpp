@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace {
@@ -407,6 +408,84 @@ TEST_CASE("torch: relu and relu_ under create_graph: double backward equals LibT
       (void)torch::autograd::grad({yp.sum()}, {xp}, {}, true, true),
       doctest::Contains("max_pool2d_relu: double backward (create_graph) is not supported"),
       std::exception);
+}
+
+TEST_CASE(
+    "torch: linear, gpt2_conv1d and conv2d under create_graph: the weight gradient is "
+    "differentiable in x") {
+  // A gradient penalty on the weight gradient reaches x through the rebuilt input, as PyTorch's
+  // saved-tensor hooks make it: the kept values stand for x (straight through). Oracle: LibTorch's
+  // own ops, y = op(x, W) + op(xs - x, W) + op(x - xs, W) with the last two inputs and the last
+  // weight detached (xs: x's largest 1 - gamma magnitudes, chosen here by sorting): y's value is
+  // op(x, W), its input gradient g W, its weight gradient op's with xs, differentiable in x. At
+  // gamma = 0 that is LibTorch's plain op. fp64, x a leaf and not.
+  struct layer_case {
+    const char* name;
+    std::vector<std::int64_t> x_sizes, w_sizes;
+  };
+  const dt::conv2d_params conv{{1, 2}, {1, 0}, {1, 1}, 1};
+  const std::vector<layer_case> cases{
+      {"linear 2-d", {12, 8}, {5, 8}},
+      {"linear 3-d", {2, 6, 8}, {5, 8}},
+      {"gpt2_conv1d", {2, 6, 8}, {8, 5}},
+      {"conv2d", {2, 3, 6, 8}, {4, 3, 3, 2}},
+      {"conv2d channels-last", {2, 3, 6, 8}, {4, 3, 3, 2}},
+  };
+  for (double gamma : {0.0, 0.75}) {
+    for (const layer_case& c : cases) {
+      for (bool leaf : {true, false}) {
+        const std::string name = c.name;
+        CAPTURE(gamma);
+        CAPTURE(name);
+        CAPTURE(leaf);
+        const auto ours_op = [&](const torch::Tensor& x, const torch::Tensor& w) {
+          const dt::policy p = make_policy(dt::policy_kind::mink, gamma);
+          if (name.rfind("linear", 0) == 0) return dt::linear(x, w, c10::nullopt, p);
+          if (name == "gpt2_conv1d") return dt::gpt2_conv1d(x, w, c10::nullopt, p);
+          return dt::conv2d(x, w, c10::nullopt, conv, p);
+        };
+        const auto plain_op = [&](const torch::Tensor& x, const torch::Tensor& w) {
+          if (name.rfind("linear", 0) == 0) return torch::linear(x, w);
+          if (name == "gpt2_conv1d") return torch::matmul(x, w);
+          return torch::conv2d(x, w, {}, {1, 2}, {1, 0});
+        };
+        torch::manual_seed(11);
+        auto x0 = torch::randn(c.x_sizes, torch::kDouble);
+        if (name == "conv2d channels-last") x0 = x0.contiguous(at::MemoryFormat::ChannelsLast);
+        const auto w0 = torch::randn(c.w_sizes, torch::kDouble);
+        // xs: the largest (1 - gamma) n magnitudes of x (distinct: randn), zeros elsewhere.
+        const auto mag = x0.abs().flatten();
+        const auto kept = static_cast<std::int64_t>(
+            std::llround((1.0 - gamma) * static_cast<double>(mag.numel())));
+        const auto cut = std::get<0>(mag.sort(0, true))[kept - 1].item<double>();
+        const auto xs = torch::where(x0.abs() >= cut, x0, torch::zeros_like(x0));
+        const auto penalty = [&](bool ours) {
+          const auto xl = x0.clone().requires_grad_(true);
+          const auto w = w0.clone().requires_grad_(true);
+          const auto x = leaf ? xl : xl * 1.0;
+          torch::Tensor y;
+          if (ours) {
+            y = ours_op(x, w);
+          } else {
+            y = plain_op(x, w) + plain_op((xs - x0), w) + plain_op((x0 - xs), w.detach());
+          }
+          const auto cw = torch::linspace(-1.0, 2.0, y.numel(), torch::kDouble).view(y.sizes());
+          // The incoming gradient 2 y cw depends on x and w: the second backward runs through
+          // the first.
+          const auto g = torch::autograd::grad({(y * y * cw).sum()}, {xl, w}, {}, true, true);
+          const auto pen = (g[0] * g[0]).sum() + (g[1] * g[1]).sum() + (g[1] * w).sum();
+          const auto gg = torch::autograd::grad({pen}, {xl, w});
+          return std::vector<torch::Tensor>{g[0].detach(), g[1].detach(), gg[0], gg[1]};
+        };
+        const auto ours = penalty(true);
+        const auto ref = penalty(false);
+        for (std::size_t i = 0; i < ours.size(); ++i) {
+          CAPTURE(i);
+          CHECK(torch::allclose(ours[i], ref[i], 1e-10, 1e-10));
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("torch: max_pool2d_relu equals LibTorch's relu(max_pool2d), ties, zeros and NaN too") {

@@ -33,6 +33,11 @@ namespace dropit::torch {
 
 /**
  * @brief `y = x W^T + b` (torch::nn::Linear), saving x through dropit.
+ *
+ * The weight gradient comes from the rebuilt input. Under `create_graph` it is differentiable
+ * in x too, as PyTorch's saved-tensor hooks make a restored tensor: the rebuilt input (whole, not
+ * in pieces) takes x's place in the graph, its kept values standing for x; at gamma = 0 double
+ * backward equals LibTorch's. The same holds for `conv2d` and `gpt2_conv1d`.
  * @param x input [..., in]
  * @param weight [out, in]
  * @param bias [out] or nullopt

@@ -10,6 +10,7 @@
 #include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <string>
 #include <vector>
@@ -32,9 +33,17 @@ using ::torch::autograd::variable_list;
   return p.kind == policy_kind::identity && p.codec == value_codec::exact;
 }
 
+/// x's place in the autograd graph (its gradient edge), for a backward under `create_graph`; a
+/// capsule, since `saved_data` holds IValues only. The layer's node already holds the same edge.
+struct input_edge final : ::torch::CustomClassHolder {
+  explicit input_edge(::torch::autograd::Edge e) : edge(std::move(e)) {}
+  ::torch::autograd::Edge edge;
+};
+
 /// Saves the weight and, when the weight needs a gradient, x packed, or x itself (dense in its
 /// packing order) for `keeps_reference` (else an undefined tensor: the input gradient of these
-/// layers does not read x).
+/// layers does not read x). A packed x that requires a gradient also leaves its gradient edge
+/// (`differentiable_input`).
 inline void save_input(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                        const policy& p) {
   p.validate();
@@ -43,6 +52,10 @@ inline void save_input(AutogradContext* ctx, const at::Tensor& x, const at::Tens
   if (w.requires_grad()) {
     check_packable(x, "save");
     saved = by_reference ? x.contiguous(packing_format(x)) : save_packed(x, p);
+    if (!by_reference && x.requires_grad()) {
+      ctx->saved_data["x_edge"] = c10::IValue::make_capsule(
+          c10::make_intrusive<input_edge>(::torch::autograd::impl::gradient_edge(x)));
+    }
   }
   ctx->save_for_backward({w, saved});
   ctx->saved_data["x_sizes"] = x.sizes();
@@ -63,6 +76,22 @@ inline void save_input(AutogradContext* ctx, const at::Tensor& x, const at::Tens
   }
   const std::int64_t per_slice = saved.numel() / saved.size(0);  // channels-last: samples
   return saved.narrow(0, start / per_slice, sizes[0]);
+}
+
+/**
+ * Under `create_graph` (grad mode on in backward), for a packed x that requires a gradient: the
+ * whole rebuilt input as a variable on x's gradient edge, so that the weight gradient computed
+ * from it is differentiable in x, as PyTorch's saved-tensor hooks make a restored tensor (the
+ * kept values stand for x; a second derivative reaches every element of x through them). Else an
+ * undefined tensor: the backward then works in pieces without a graph.
+ */
+[[nodiscard]] inline at::Tensor differentiable_input(AutogradContext* ctx, const at::Tensor& saved,
+                                                     at::IntArrayRef sizes) {
+  if (!::torch::autograd::GradMode::is_enabled()) return {};
+  const auto it = ctx->saved_data.find("x_edge");
+  if (it == ctx->saved_data.end()) return {};
+  const auto holder = c10::static_intrusive_pointer_cast<input_edge>(it->second.toCapsule());
+  return ::torch::autograd::make_variable(restore_packed(saved, sizes), holder->edge);
 }
 
 /// How many of `count` slices of `slice_bytes` each go in one piece: at least 1, at most what fits
@@ -141,7 +170,11 @@ struct linear_fn : ::torch::autograd::Function<linear_fn> {
     at::Tensor gx, gw, gb;
     // Weight first: its rebuilt input pieces are freed before the input gradient is allocated.
     if (ctx->needs_input_grad(1)) {
-      gw = matmul_weight_grad(saved[1], ctx->saved_data["by_reference"].toBool(), g2, in, false, w);
+      const at::Tensor xv =
+          differentiable_input(ctx, saved[1], ctx->saved_data["x_sizes"].toIntVector());
+      gw = xv.defined() ? g2.t().mm(xv.reshape({-1, in}))
+                        : matmul_weight_grad(saved[1], ctx->saved_data["by_reference"].toBool(), g2,
+                                             in, false, w);
     }
     if (has_bias && ctx->needs_input_grad(2)) gb = g2.sum(0);
     if (ctx->needs_input_grad(0)) gx = grads[0].matmul(w);
@@ -169,7 +202,11 @@ struct gpt2_conv1d_fn : ::torch::autograd::Function<gpt2_conv1d_fn> {
     const at::Tensor g2 = grads[0].reshape({-1, nf});
     at::Tensor gx, gw, gb;
     if (ctx->needs_input_grad(1)) {
-      gw = matmul_weight_grad(saved[1], ctx->saved_data["by_reference"].toBool(), g2, nx, true, w);
+      const at::Tensor xv =
+          differentiable_input(ctx, saved[1], ctx->saved_data["x_sizes"].toIntVector());
+      gw = xv.defined() ? xv.reshape({-1, nx}).t().mm(g2)
+                        : matmul_weight_grad(saved[1], ctx->saved_data["by_reference"].toBool(), g2,
+                                             nx, true, w);
     }
     if (has_bias && ctx->needs_input_grad(2)) gb = g2.sum(0);
     if (ctx->needs_input_grad(0)) {
@@ -250,6 +287,14 @@ struct conv2d_fn : ::torch::autograd::Function<conv2d_fn> {
     at::Tensor gx, gw, gb;
     if (has_bias && ctx->needs_input_grad(2)) gb = g.sum({0, 2, 3});
     if (!need_x && !need_w) return {gx, gw, gb, at::Tensor(), at::Tensor()};
+    if (const at::Tensor xv = need_w ? differentiable_input(ctx, packed, x_sizes) : at::Tensor();
+        xv.defined()) {
+      // create_graph: one piece, through LibTorch's differentiable convolution_backward.
+      std::tie(gx, gw, std::ignore) =
+          at::convolution_backward(g, xv, w, c10::nullopt, stride, padding, dilation, false, {0, 0},
+                                   groups, {need_x, need_w, false});
+      return {gx, gw, gb, at::Tensor(), at::Tensor()};
+    }
     // A piece holds its rebuilt input, its output gradient copy and its input gradient.
     const std::size_t sample_bytes =
         static_cast<std::size_t>(per_sample) * g.element_size() +
