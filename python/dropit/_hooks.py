@@ -494,7 +494,12 @@ class Handle:
         return [(layer.name, layer.kind) for layer in self._layers]
 
     def remove(self):
-        """Removes every hook this handle registered (idempotent)."""
+        """Removes every hook this handle registered (idempotent). On the calling thread it also
+        closes what a forward that raised left open (its saved-tensor hooks, the pooling mode),
+        which the next hooked forward would otherwise close."""
+        stack = _stack()
+        if stack:
+            _drop_stale(stack)
         for h in self._hooks:
             h.remove()
         for module in [m for m, owner in _registered.items() if owner is self]:

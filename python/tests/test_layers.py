@@ -538,6 +538,23 @@ def test_max_pool_error_is_pytorchs_and_leaves_no_mode_behind():
     assert torch.overrides._len_torch_function_stack() == 0
 
 
+def test_remove_after_a_forward_that_raised_leaves_nothing_open():
+    # No hooked forward follows: remove() closes what the failed forward left (the pooling mode,
+    # the saved-tensor hooks), so the program goes on as plain PyTorch.
+    pool = nn.MaxPool2d(4)
+    handle = dropit.to_dropit(pool)
+    with pytest.raises(RuntimeError, match="too small"):
+        pool(torch.randn(1, 1, 2, 2, requires_grad=True))
+    assert torch.overrides._len_torch_function_stack() == 1  # left open by the failed forward
+    handle.remove()
+    assert torch.overrides._len_torch_function_stack() == 0
+    assert not dropit._hooks._stack()
+    x = torch.randn(1, 2, 8, 8, requires_grad=True)
+    y = pool(x)
+    assert y.grad_fn.name() == "MaxPool2DWithIndicesBackward0"  # PyTorch's own pooling
+    assert torch.equal(saved(y, "self"), x)  # and its input saved as PyTorch saves it
+
+
 @pytest.mark.parametrize("inplace", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_relu_is_exact_and_saves_a_mask(inplace, dtype):
