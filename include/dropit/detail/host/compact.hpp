@@ -209,18 +209,24 @@ DROPIT_TARGET_AVX512 inline void store_avx512(T* at, __m512i value) noexcept {
   }
 }
 
-/// Copies `count` elements from `in` to `out` (both 64-byte aligned) with non-temporal stores,
-/// whole 64-byte lines; a last partial line with ordinary stores.
+/// Moves `count` elements from `stage` (64-byte aligned, in cache) to `out` (64-byte aligned) with
+/// non-temporal stores, whole 64-byte lines (a last partial line with ordinary stores), and leaves
+/// those elements of the stage zero: the stage is ready for the next block without a fill pass.
 template <class T>
-DROPIT_TARGET_AVX512 inline void stream_copy_avx512(T* out, const T* in,
-                                                    std::size_t count) noexcept {
+DROPIT_TARGET_AVX512 inline void stream_out_and_zero_avx512(T* out, T* stage,
+                                                            std::size_t count) noexcept {
   const std::size_t bytes = count * sizeof(T);
   const std::size_t lines = bytes / 64;
-  for (std::size_t i = 0; i < lines; ++i)
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(out) + i,
-                        _mm512_load_si512(reinterpret_cast<const __m512i*>(in) + i));
+  auto* in = reinterpret_cast<__m512i*>(stage);
+  const __m512i zero = _mm512_setzero_si512();
+  for (std::size_t i = 0; i < lines; ++i) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(out) + i, _mm512_load_si512(in + i));
+    _mm512_store_si512(in + i, zero);
+  }
+  const std::size_t tail = bytes - lines * 64;
   std::memcpy(reinterpret_cast<std::byte*>(out) + lines * 64,
-              reinterpret_cast<const std::byte*>(in) + lines * 64, bytes - lines * 64);
+              reinterpret_cast<const std::byte*>(stage) + lines * 64, tail);
+  std::memset(reinterpret_cast<std::byte*>(stage) + lines * 64, 0, tail);
 }
 
 /// AVX-512, 4- and 8-byte elements: restores full words [w0, w1) (values unscaled); returns the

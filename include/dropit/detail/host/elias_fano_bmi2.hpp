@@ -421,17 +421,18 @@ DROPIT_TARGET_AVX2 inline std::size_t ef_visit_block_bmi2(const ef_shape& s,
 
 /**
  * Restores Elias-Fano block b straight into `out` (the block's first output) with BMI2, without a
- * bitmask: zeros over the block, then each kept value (from `values`, the payload's first) at its
- * index (`out` may be a stage in cache that the caller streams out).
+ * bitmask: zeros over the block (unless `zeroed`: the caller's stage is zero already), then each
+ * kept value (from `values`, the payload's first) at its index (`out` may be a stage in cache
+ * that the caller streams out).
  */
 template <class T, class Offset>
 DROPIT_TARGET_AVX2 void ef_scatter_block_bmi2(const ef_shape& s, const std::uint64_t* low,
                                               const std::uint64_t* high, const Offset* ef_offsets,
                                               std::size_t b, const T* values, T* out,
-                                              restore_value<T> op) noexcept {
+                                              restore_value<T> op, bool zeroed = false) noexcept {
   const std::size_t start = b * ef_block_elements;
   const std::size_t len = s.n - start < ef_block_elements ? s.n - start : ef_block_elements;
-  std::fill(out, out + len, T{});
+  if (!zeroed) std::fill(out, out + len, T{});
   const std::size_t kb = static_cast<std::size_t>(ef_offsets[b]);
   const T* v = values + kb;
   if (op.apply) {

@@ -213,17 +213,20 @@ void host_expand_elias_fano(const T* values, const std::byte* payload, const pac
   const auto* ef_offsets = reinterpret_cast<const Offset*>(payload + l.block_offsets_offset);
 #if DROPIT_HOST_X86
   if (ef_bmi2_decodes(s.l, isa)) {
+    if (!stream) {
+      for (std::size_t b = b0; b < b1; ++b)
+        ef_scatter_block_bmi2(s, low, high, ef_offsets, b, values, out + b * ef_block_elements, op);
+      return;
+    }
+    // The stage is zeroed once; moving a block out leaves it zero again.
+    alignas(64) T stage[ef_block_elements];
+    std::fill(stage, stage + ef_block_elements, T{});
     for (std::size_t b = b0; b < b1; ++b) {
       const std::size_t start = b * ef_block_elements;
-      if (!stream) {
-        ef_scatter_block_bmi2(s, low, high, ef_offsets, b, values, out + start, op);
-        continue;
-      }
-      alignas(64) T stage[ef_block_elements];
-      ef_scatter_block_bmi2(s, low, high, ef_offsets, b, values, stage, op);
-      stream_copy_avx512(out + start, stage, std::min(ef_block_elements, l.n - start));
+      ef_scatter_block_bmi2(s, low, high, ef_offsets, b, values, stage, op, /*zeroed=*/true);
+      stream_out_and_zero_avx512(out + start, stage, std::min(ef_block_elements, l.n - start));
     }
-    if (stream) _mm_sfence();  // the non-temporal stores are visible before the fork-join ends
+    _mm_sfence();  // the non-temporal stores are visible before the fork-join ends
     return;
   }
 #endif
