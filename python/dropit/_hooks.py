@@ -8,15 +8,17 @@ pack hook hands dropit's C++ library only the tensors it must:
   matmul or convolution (a view, an autocast copy, a padded copy). That tensor feeds only the
   weight gradient. Parameters, their views and copies (the weight, an autocast weight) are saved
   as they are, so the input gradient stays exact.
-* ReLU: its saved output becomes a 1-bit mask.
+* ReLU: it runs through dropit's C++ kernel (``_C._relu``, ``_C._relu_``), which saves 1 bit per
+  element and computes the gradient from the bits (no dense tensor in backward); for a tensor
+  subclass PyTorch's relu runs and its saved output becomes a 1-bit mask.
 * MaxPool2d: its pooling runs through dropit's C++ kernel (``_C._max_pool2d``), which saves, per
   output, the window position of its maximum (2 bits for a 2x2 window) instead of the input and
   int64 indices; output and gradient are PyTorch's, ties, NaNs and double backward included. The
   layer's pre-hook enters a ``TorchFunctionMode`` that routes its ``F.max_pool2d`` call there
-  (and its hook leaves it); what the kernel does not take (``return_indices``, a non-contiguous
-  or non-CPU input, another dtype) runs in PyTorch, whose int64 indices then become window
-  positions and whose saved input (read by backward for its shape only) a shape; so does the
-  input a Conv2d's padding mode pads.
+  (and its hook leaves it; a ReLU layer's ``F.relu`` likewise); what the kernel does not take
+  (``return_indices``, a non-contiguous or non-CPU input, another dtype) runs in PyTorch, whose
+  int64 indices then become window positions and whose saved input (read by backward for its
+  shape only) a shape; so does the input a Conv2d's padding mode pads.
 
 With ``store=`` the tensors DropIT leaves dense are kept through a value codec (a dense
 ``Identity`` pack with ``store_codec``), each class on its own:
@@ -162,7 +164,7 @@ class _Restored:
         return self.base.restore().as_strided(self.size, self.stride, self.offset)
 
 
-_POOL_DTYPES = frozenset([torch.float32, torch.float64, torch.bfloat16, torch.float16])
+_KERNEL_DTYPES = frozenset([torch.float32, torch.float64, torch.bfloat16, torch.float16])
 
 
 def _pair(v):
@@ -181,7 +183,7 @@ def _pool_args(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     them (PyTorch then runs the call, and raises what it raises for bad ones)."""
     if (return_indices or type(input) is not torch.Tensor or not input.requires_grad
             or input.device.type != "cpu" or input.layout != torch.strided
-            or input.dtype not in _POOL_DTYPES or input.dim() not in (3, 4)
+            or input.dtype not in _KERNEL_DTYPES or input.dim() not in (3, 4)
             or not input.is_contiguous() or not isinstance(ceil_mode, bool)):
         return None
     k = _pair(kernel_size)
@@ -194,13 +196,41 @@ def _pool_args(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     return input, k, s, p, d, ceil_mode
 
 
-class _PoolMode(TorchFunctionMode):
-    """Routes ``F.max_pool2d`` (and ``torch.max_pool2d``) with a gradient to compute through
-    dropit's kernel while a MaxPool2d layer's forward runs; every other call runs as it is."""
+def _relu_input(input, inplace=False):
+    """F.relu's input when dropit's kernel takes it, else None (PyTorch then runs the call)."""
+    if (type(input) is not torch.Tensor or not input.requires_grad or input.device.type != "cpu"
+            or input.layout != torch.strided or input.dtype not in _KERNEL_DTYPES
+            or not isinstance(inplace, bool)):
+        return None
+    return input
+
+
+_RELU_FUNCS = {F.relu: False, torch.relu: False, F.relu_: True, torch.relu_: True}
+
+
+class _KernelMode(TorchFunctionMode):
+    """Routes ``F.max_pool2d`` (and ``torch.max_pool2d``) while a MaxPool2d layer's forward runs,
+    and ``F.relu`` (``torch.relu``, ``relu_``) while a ReLU layer's does, to dropit's kernels when
+    a gradient is wanted; every other call runs as it is."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if (func is F.max_pool2d or func is torch.max_pool2d) and torch.is_grad_enabled():
+        inplace = _RELU_FUNCS.get(func)
+        if inplace is not None and torch.is_grad_enabled() and _in_layer("relu"):
+            try:
+                x = _relu_input(*args, **kwargs)
+            except TypeError:
+                x = None
+            if x is not None:
+                if func is F.relu:
+                    inplace = kwargs.get("inplace", args[1] if len(args) > 1 else False)
+                try:
+                    return _C._relu_(x) if inplace else _C._relu(x)
+                except _C.Error:
+                    pass
+            return func(*args, **kwargs)
+        if ((func is F.max_pool2d or func is torch.max_pool2d) and torch.is_grad_enabled()
+                and _in_layer("pool")):
             try:
                 bound = _pool_args(*args, **kwargs)
             except TypeError:
@@ -213,7 +243,7 @@ class _PoolMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-_POOL_MODE = _PoolMode()
+_KERNEL_MODE = _KernelMode()
 
 
 class _Layer:
@@ -263,7 +293,7 @@ class _Scope:
         # attention: id(tensor) -> (tensor, pack) of the dense tensors packed in this forward, so
         # that a tensor saved twice (or a view of it) is held once. Emptied when the forward ends.
         self.memo = {} if layer.kind == "attention" else None
-        self.mode = False  # whether this scope entered _POOL_MODE
+        self.mode = False  # whether this scope entered _KERNEL_MODE
 
     def live(self):
         """Whether this layer's forward is still running on this thread (it is not after an
@@ -378,6 +408,16 @@ def _drop_stale(stack):
         _close(stack.pop())
 
 
+def _in_layer(kind):
+    """Whether the innermost dropit layer on this thread is a `kind` layer whose forward is still
+    running: a mode that a forward which raised left entered routes nothing."""
+    stack = _stack()
+    if not stack:
+        return False
+    top = stack[-1]
+    return top.layer.kind == kind and top.frame is not None and _on_stack(top.frame)
+
+
 def _on_stack(frame):
     f = sys._getframe(1)
     while f is not None:
@@ -397,8 +437,8 @@ def _pre_hook(layer):
         scope = _Scope(layer, sys._getframe(1), args[0] if args else None)
         _push_hooks(scope.pack, _unpack)
         stack.append(scope)
-        if layer.kind == "pool":
-            _POOL_MODE.__enter__()
+        if layer.kind == "pool" or layer.kind == "relu":
+            _KERNEL_MODE.__enter__()
             scope.mode = True
         return None
 
@@ -406,12 +446,12 @@ def _pre_hook(layer):
 
 
 def _close(scope):
-    """Leaves what a scope entered: the pool mode, the saved-tensor hooks."""
+    """Leaves what a scope entered: the kernel mode (pooling, ReLU), the saved-tensor hooks."""
     scope.frame = None  # the frame holds the forward's locals: let them go
     scope.memo = None
     if scope.mode:
         scope.mode = False
-        _POOL_MODE.__exit__(None, None, None)
+        _KERNEL_MODE.__exit__(None, None, None)
     _pop_hooks()
 
 
@@ -495,8 +535,8 @@ class Handle:
 
     def remove(self):
         """Removes every hook this handle registered (idempotent). On the calling thread it also
-        closes what a forward that raised left open (its saved-tensor hooks, the pooling mode),
-        which the next hooked forward would otherwise close."""
+        closes what a forward that raised left open (its saved-tensor hooks, the pooling or ReLU
+        kernel mode), which the next hooked forward would otherwise close."""
         stack = _stack()
         if stack:
             _drop_stale(stack)

@@ -212,6 +212,20 @@ Raises dropit.Error for a non-contiguous, non-CPU or unsupported tensor.)doc");
 PyTorch's (ties and NaNs included). Without a gradient to compute, PyTorch's max_pool2d.)doc");
 
   m.def(
+      "_relu", [](const at::Tensor& x) { return dt::relu(x); }, py::arg("input"),
+      py::call_guard<py::gil_scoped_release>(),
+      R"doc(
+max(x, 0) of a CPU tensor that saves one bit per element (x > 0) and computes its gradient from
+the bits, without a dense tensor in backward; output and gradient equal PyTorch's relu. Without a
+gradient to compute, PyTorch's relu.)doc");
+  m.def(
+      "_relu_", [](at::Tensor x) { return dt::relu_(x); }, py::arg("input"),
+      py::call_guard<py::gil_scoped_release>(),
+      R"doc(
+In-place _relu (as torch.relu_): returns the result, x itself unless x is a strided view, which is
+processed out of place.)doc");
+
+  m.def(
       "_live_saved_bytes",
       [] {
         const dt::saved_bytes b = dt::live_saved_bytes();

@@ -555,6 +555,16 @@ def test_remove_after_a_forward_that_raised_leaves_nothing_open():
     assert torch.equal(saved(y, "self"), x)  # and its input saved as PyTorch saves it
 
 
+RELU_NODE = {
+    False: "torch::autograd::CppNode<dropit::torch::detail::relu_fn>",
+    True: "torch::autograd::CppNode<dropit::torch::detail::relu_inplace_fn>",
+}
+
+
+class _Subclass(torch.Tensor):
+    """A tensor subclass: dropit's ReLU kernel leaves it to PyTorch (the saved-tensor path)."""
+
+
 @pytest.mark.parametrize("inplace", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_relu_is_exact_and_saves_a_mask(inplace, dtype):
@@ -571,8 +581,7 @@ def test_relu_is_exact_and_saves_a_mask(inplace, dtype):
     y0 = F.relu(h0)
     y = relu(h)
     assert torch.equal(y.nan_to_num(), y0.nan_to_num())
-    mask = saved(y, "result")
-    assert torch.equal(mask, (~(y0 <= 0)).to(dtype))  # 1 where the gradient passes
+    assert y.grad_fn.name() == RELU_NODE[inplace]  # dropit's kernel: no dense tensor saved
     assert dropit.live_saved_bytes().masks == ((33 * 64 + 31) // 32) * 4
     g = torch.randn_like(y0)
     y0.backward(g)
@@ -582,22 +591,30 @@ def test_relu_is_exact_and_saves_a_mask(inplace, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_relu_mask_restores_as_dtype_and_double_backward_matches(dtype):
-    # The mask comes back as a 0/1 tensor of y's dtype with grad mode on and off (a bool tensor
-    # would make threshold_backward convert it first), and backward and double backward
-    # (create_graph=True) give plain PyTorch's gradients.
+@pytest.mark.parametrize("subclass", [False, True])
+def test_relu_mask_restores_as_dtype_and_double_backward_matches(dtype, subclass):
+    # A plain tensor runs dropit's kernel (its node saves the bits); a tensor subclass runs
+    # PyTorch's relu, whose saved output the pack hook makes a mask that comes back as a 0/1
+    # tensor of y's dtype with grad mode on and off (a bool tensor would make threshold_backward
+    # convert it first). Either way backward and double backward (create_graph=True) give plain
+    # PyTorch's gradients.
     relu = nn.ReLU()
     dropit.to_dropit(relu, "mink", 0.9)
     x = torch.randn(7, 45, dtype=dtype, requires_grad=True)  # 315 elements: a partial word
     with torch.no_grad():
         x[0, :3] = 0.0
         x[1, 0] = float("nan")
-    y = relu(x * 1)
-    with torch.no_grad():
-        mask = saved(y, "result")
-    assert mask.dtype == dtype
-    assert torch.equal(mask, (~(x.detach() <= 0)).to(dtype))  # NaN passes the gradient
-    assert saved(y, "result").dtype == dtype
+    xin = (lambda: (x * 1).as_subclass(_Subclass)) if subclass else (lambda: x * 1)
+    y = relu(xin())
+    assert dropit.live_saved_bytes().masks == 10 * 4
+    if subclass:
+        with torch.no_grad():
+            mask = saved(y, "result")
+        assert mask.dtype == dtype
+        assert torch.equal(mask, (~(x.detach() <= 0)).to(dtype))  # NaN passes the gradient
+        assert saved(y, "result").dtype == dtype
+    else:
+        assert y.grad_fn.name() == RELU_NODE[False]
     g = torch.randn(7, 45, dtype=dtype)
     (gx,) = torch.autograd.grad(y, x, g)
     (gx0,) = torch.autograd.grad(F.relu(x * 1), x, g)
@@ -605,7 +622,7 @@ def test_relu_mask_restores_as_dtype_and_double_backward_matches(dtype):
     # Double backward: the gradient of <gx, v> w.r.t. g is v where the mask is set, as plain
     # PyTorch's.
     gg = torch.randn(7, 45, dtype=dtype, requires_grad=True)
-    (gx,) = torch.autograd.grad(relu(x * 1), x, gg, create_graph=True)
+    (gx,) = torch.autograd.grad(relu(xin()), x, gg, create_graph=True)
     (gx0,) = torch.autograd.grad(F.relu(x * 1), x, gg, create_graph=True)
     v = torch.randn(7, 45, dtype=dtype)
     (a,) = torch.autograd.grad((gx * v).nansum(), gg)
@@ -738,7 +755,27 @@ def test_a_forward_that_raises_leaves_no_hook_behind():
     net[1] = nn.ReLU()
     dropit.to_dropit(net[1])
     h = net(x)
-    assert torch.equal(saved(h, "result"), (h > 0).float())
+    assert h.grad_fn.name() == RELU_NODE[False]
+
+
+def test_a_pooling_forward_that_raises_routes_nothing_after_it():
+    # The MaxPool2d layer's mode stays entered after its forward raised (the next hooked forward
+    # closes it); meanwhile a max_pool2d outside any dropit layer is PyTorch's own.
+    class Failing(nn.MaxPool2d):
+        def forward(self, x):
+            super().forward(x)
+            raise RuntimeError("boom")
+
+    pool = Failing(2)
+    dropit.to_dropit(pool)
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        pool(x)
+    assert F.max_pool2d(x, 2).grad_fn.name() == "MaxPool2DWithIndicesBackward0"
+    assert torch.relu(x).grad_fn.name() == "ReluBackward0"
+    plain = nn.MaxPool2d(2)
+    dropit.to_dropit(plain)
+    assert plain(x).grad_fn.name() == POOL_NODE
 
 
 # ---- the saved_tensors block ----------------------------------------------------------------
