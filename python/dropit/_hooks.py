@@ -4,10 +4,17 @@
 ``saved_tensors_hooks`` around the layer's forward and a forward hook that closes it. Inside, the
 pack hook hands dropit's C++ library only the tensors it must:
 
-* Linear / Conv2d / Conv1D: the layer's input, and what the layer derives from it before its
-  matmul or convolution (a view, an autocast copy, a padded copy). That tensor feeds only the
-  weight gradient. Parameters, their views and copies (the weight, an autocast weight) are saved
-  as they are, so the input gradient stays exact.
+* Linear / Conv1D with a lossy policy: the layer's matmul runs through dropit's C++ function
+  (``_C._linear``, ``_C._conv1d``), which packs the input and computes the weight gradient from
+  it in pieces of rows (the rebuilt input never exists whole in backward); the layer's pre-hook
+  enters the ``TorchFunctionMode`` below, which routes the layer's own ``F.linear`` (GPT-2's
+  ``torch.addmm``) call there. What that function does not take (autocast, a tensor subclass, an
+  input computed in the forward, a weight that is no parameter) and a lossless policy (gamma 0,
+  exact values: PyTorch's gradients bit for bit) take the hook path below.
+* Linear / Conv2d / Conv1D through the hooks: the layer's input, and what the layer derives from
+  it before its matmul or convolution (a view, an autocast copy, a padded copy). That tensor feeds
+  only the weight gradient. Parameters, their views and copies (the weight, an autocast weight)
+  are saved as they are, so the input gradient stays exact.
 * ReLU: it runs through dropit's C++ kernel (``_C._relu``, ``_C._relu_``), which saves 1 bit per
   element and computes the gradient from the bits (no dense tensor in backward); for a tensor
   subclass PyTorch's relu runs and its saved output becomes a 1-bit mask.
@@ -197,35 +204,90 @@ def _pool_args(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
 
 
 def _relu_input(input, inplace=False):
-    """F.relu's input when dropit's kernel takes it, else None (PyTorch then runs the call)."""
+    """(input, inplace) of F.relu when dropit's kernel takes the input, else None (PyTorch then
+    runs the call)."""
     if (type(input) is not torch.Tensor or not input.requires_grad or input.device.type != "cpu"
             or input.layout != torch.strided or input.dtype not in _KERNEL_DTYPES
             or not isinstance(inplace, bool)):
         return None
-    return input
+    return input, inplace
 
 
 _RELU_FUNCS = {F.relu: False, torch.relu: False, F.relu_: True, torch.relu_: True}
 
+# Whether a Linear / Conv1D layer runs its matmul through dropit's C++ function when it can (a
+# switch for the tests, which run both paths). Conv2d stays on the hook path: the C++ conv2d runs
+# its convolutions in pieces of samples, which saves memory but made the CNN step slower
+# (docs/results/python_linear_kernel_ab.md).
+_ROUTE_WEIGHT_LAYERS = True
+
+
+def _linear_args(input, weight, bias=None):
+    return input, weight, bias
+
+
+def _addmm_args(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+    """torch.addmm(bias, x2, W) as GPT-2's Conv1D calls it; None for another use of addmm."""
+    if out is not None or not (beta == 1 and alpha == 1) or mat1.dim() != 2:
+        return None
+    return mat1, mat2, input
+
+
+_WEIGHT_FUNCS = {F.linear: (_linear_args, _C._linear), torch.addmm: (_addmm_args, _C._conv1d)}
+
+
+def _route_weight_layer(scope, func, args, kwargs):
+    """A Linear / Conv1D layer's own matmul through dropit's C++ function (its backward rebuilds
+    the input in pieces of rows), or None: the call then runs in PyTorch and the pack hook packs
+    the input it saves. Taken: the layer's input (or a view of it, not a parameter) as a plain
+    CPU tensor, a 2-d weight and a 1-d bias (or none) that are parameters, no autocast."""
+    parse, run = _WEIGHT_FUNCS[func]
+    try:
+        bound = parse(*args, **kwargs)
+    except TypeError:
+        return None
+    if bound is None:
+        return None
+    x, w, b = bound
+    x_in = scope.x() if scope.x is not None else None
+    if (x_in is None or type(x) is not torch.Tensor or type(w) is not nn.Parameter
+            or (b is not None and (type(b) is not nn.Parameter or b.dim() != 1))
+            or w.dim() != 2 or not _same_data(x, x_in) or _is_parameter_like(x)
+            or x.device.type != "cpu" or x.layout != torch.strided
+            or x.dtype not in _KERNEL_DTYPES or w.dtype != x.dtype
+            or torch.is_autocast_cpu_enabled()):
+        return None
+    try:
+        return run(x, w, b, scope.policy)
+    except _C.Error:  # what the C++ function refuses runs in PyTorch (which raises its own error)
+        return None
+
 
 class _KernelMode(TorchFunctionMode):
     """Routes ``F.max_pool2d`` (and ``torch.max_pool2d``) while a MaxPool2d layer's forward runs,
-    and ``F.relu`` (``torch.relu``, ``relu_``) while a ReLU layer's does, to dropit's kernels when
-    a gradient is wanted; every other call runs as it is."""
+    ``F.relu`` (``torch.relu``, ``relu_``) while a ReLU layer's does, and ``F.linear`` /
+    ``torch.addmm`` while a Linear / Conv1D layer's does, to dropit's kernels when a gradient is
+    wanted; every other call runs as it is."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _WEIGHT_FUNCS:
+            scope = _live_scope("weight")
+            if scope is not None and scope.route and torch.is_grad_enabled():
+                out = _route_weight_layer(scope, func, args, kwargs)
+                if out is not None:
+                    return out
+            return func(*args, **kwargs)
         inplace = _RELU_FUNCS.get(func)
         if inplace is not None and torch.is_grad_enabled() and _in_layer("relu"):
             try:
-                x = _relu_input(*args, **kwargs)
+                bound = _relu_input(*args, **kwargs)
             except TypeError:
-                x = None
-            if x is not None:
-                if func is F.relu:
-                    inplace = kwargs.get("inplace", args[1] if len(args) > 1 else False)
+                bound = None
+            if bound is not None:
+                x, inplace_arg = bound  # F.relu's inplace= (relu_ is in place by its name)
                 try:
-                    return _C._relu_(x) if inplace else _C._relu(x)
+                    return _C._relu_(x) if inplace or inplace_arg else _C._relu(x)
                 except _C.Error:
                     pass
             return func(*args, **kwargs)
@@ -250,13 +312,15 @@ class _Layer:
     """A layer to_dropit selected: what it packs and with which policy."""
 
     __slots__ = ("name", "kind", "policy", "store", "index", "step", "pool", "pad_mode",
-                 "__weakref__")
+                 "lossy", "__weakref__")
 
     def __init__(self, name, kind, policy, index, module, store=frozenset()):
         self.name, self.kind, self.policy, self.index, self.step = name, kind, policy, index, 0
         self.store = store
         self.pool = None
         self.pad_mode = getattr(module, "padding_mode", "zeros")
+        self.lossy = policy.codec != "exact" or (policy.kind in ("mink", "random")
+                                                 and policy.gamma > 0)
         if kind == "pool":
             pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
             stride = module.stride if module.stride is not None else module.kernel_size
@@ -281,7 +345,7 @@ class _Layer:
 class _Scope:
     """One forward of one layer: the pack hook and what it needs to know about the input."""
 
-    __slots__ = ("layer", "frame", "x", "x_requires_grad", "policy", "memo", "mode",
+    __slots__ = ("layer", "frame", "x", "x_requires_grad", "policy", "memo", "mode", "route",
                  "__weakref__")
 
     def __init__(self, layer, frame, x):
@@ -294,6 +358,11 @@ class _Scope:
         # that a tensor saved twice (or a view of it) is held once. Emptied when the forward ends.
         self.memo = {} if layer.kind == "attention" else None
         self.mode = False  # whether this scope entered _KERNEL_MODE
+        # Whether the layer's matmul / convolution goes to dropit's C++ function: not for a
+        # lossless policy (PyTorch's own backward then gives its gradients bit for bit), nor for
+        # a Conv2d with a padding mode (its convolution's input is a padded copy).
+        self.route = (_ROUTE_WEIGHT_LAYERS and layer.kind == "weight" and layer.lossy
+                      and layer.pad_mode == "zeros")
 
     def live(self):
         """Whether this layer's forward is still running on this thread (it is not after an
@@ -408,14 +477,20 @@ def _drop_stale(stack):
         _close(stack.pop())
 
 
-def _in_layer(kind):
-    """Whether the innermost dropit layer on this thread is a `kind` layer whose forward is still
-    running: a mode that a forward which raised left entered routes nothing."""
+def _live_scope(kind):
+    """The innermost dropit scope on this thread when it is a `kind` layer whose forward is still
+    running, else None: a mode that a forward which raised left entered routes nothing."""
     stack = _stack()
     if not stack:
-        return False
+        return None
     top = stack[-1]
-    return top.layer.kind == kind and top.frame is not None and _on_stack(top.frame)
+    if top.layer.kind == kind and top.frame is not None and _on_stack(top.frame):
+        return top
+    return None
+
+
+def _in_layer(kind):
+    return _live_scope(kind) is not None
 
 
 def _on_stack(frame):
@@ -437,7 +512,7 @@ def _pre_hook(layer):
         scope = _Scope(layer, sys._getframe(1), args[0] if args else None)
         _push_hooks(scope.pack, _unpack)
         stack.append(scope)
-        if layer.kind == "pool" or layer.kind == "relu":
+        if layer.kind == "pool" or layer.kind == "relu" or scope.route:
             _KERNEL_MODE.__enter__()
             scope.mode = True
         return None

@@ -2,6 +2,7 @@
 // byte counts, the counting CPU allocator). The hooks that decide what to pack live in
 // dropit/_hooks.py; every selection, packing and format step runs here, in the C++ library.
 #include <dropit/torch/counting_allocator.hpp>
+#include <dropit/torch/functional.hpp>
 #include <dropit/torch/packed.hpp>
 #include <dropit/torch/policy.hpp>
 
@@ -225,6 +226,24 @@ gradient to compute, PyTorch's relu.)doc");
 In-place _relu (as torch.relu_): returns the result, x itself unless x is a strided view, which is
 processed out of place.)doc");
 
+  m.def(
+      "_linear",
+      [](const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+         const dt::policy& p) { return dt::linear(x, weight, bias, p); },
+      py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("policy"),
+      py::call_guard<py::gil_scoped_release>(),
+      R"doc(
+F.linear that saves its input through the policy and computes the weight gradient from it in
+pieces of rows (the rebuilt input never exists whole); input and bias gradients exact.)doc");
+  m.def(
+      "_conv1d",
+      [](const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+         const dt::policy& p) { return dt::gpt2_conv1d(x, weight, bias, p); },
+      py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("policy"),
+      py::call_guard<py::gil_scoped_release>(), "GPT-2's Conv1D (x W + b, W [nx, nf]) as _linear.");
+  m.def("_set_chunk_bytes", &dt::set_chunk_bytes, py::arg("bytes"),
+        "Size of the pieces in which the C++ layers rebuild a saved input (0: never split).");
+  m.def("_chunk_bytes", &dt::chunk_bytes);
   m.def(
       "_live_saved_bytes",
       [] {

@@ -56,6 +56,43 @@ def saved_input(y):
     raise LookupError("no saved layer input")
 
 
+# The autograd nodes of dropit's C++ Linear and Conv1D (the kernel path).
+KERNEL_NODES = {f"torch::autograd::CppNode<dropit::torch::detail::{fn}>"
+                for fn in ("linear_fn", "gpt2_conv1d_fn")}
+
+
+@pytest.fixture(params=["kernel", "hooks"])
+def path(request, monkeypatch):
+    """The two ways a Linear / Conv2d / Conv1D layer runs: its op through dropit's C++ function
+    (the default for a lossy policy), or PyTorch's op with the pack hook packing its input."""
+    monkeypatch.setattr(dropit._hooks, "_ROUTE_WEIGHT_LAYERS", request.param == "kernel")
+    return request.param
+
+
+def layer_node(y):
+    """The node of the layer that made y (past the views GPT-2's Conv1D takes of its output)."""
+    node = y.grad_fn
+    while node.name() in ("ViewBackward0", "UnsafeViewBackward0"):
+        node = node.next_functions[0][0]
+    return node
+
+
+def input_seen(layer, y):
+    """The input a Linear's or Conv1D's weight gradient reads, exactly: with the output gradient
+    one-hot at row r0 + c, column c, the weight gradient's row (Linear) or column (Conv1D) c is
+    input row r0 + c (one product; the rest are sums of zeros)."""
+    out = y.shape[-1]
+    rows = y.numel() // out
+    parts = []
+    for r0 in range(0, rows, out):
+        n = min(out, rows - r0)
+        g = torch.zeros(rows, out, dtype=y.dtype)
+        g[r0:r0 + n, :n] = torch.eye(n).to(y.dtype)
+        (gw,) = torch.autograd.grad(y, layer.weight, g.view(y.shape), retain_graph=True)
+        parts.append((gw if isinstance(layer, nn.Linear) else gw.t())[:n])
+    return torch.cat(parts)
+
+
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-12, atol=1e-12),
        torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
@@ -77,7 +114,7 @@ DTYPES = [torch.float32, torch.float64] + ([torch.bfloat16] if dropit._C.has_hal
 @pytest.mark.parametrize("name,make,shape", LINEAR_CASES, ids=[c[0] for c in LINEAR_CASES])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gamma", [0.5, 0.9])
-def test_matmul_layers(name, make, shape, dtype, gamma):
+def test_matmul_layers(name, make, shape, dtype, gamma, path):
     layer = make().to(dtype)
     plain = copy.deepcopy(layer)
     x = torch.randn(shape).to(dtype).requires_grad_(True)
@@ -87,12 +124,13 @@ def test_matmul_layers(name, make, shape, dtype, gamma):
     x1 = x.detach().clone().requires_grad_(True)
     y = layer(x1)
     assert torch.equal(y, y0)  # the forward is PyTorch's own
-    w = layer.weight
+    assert (layer_node(y).name() in KERNEL_NODES) == (path == "kernel")
     # Backward reads the sparsified input; the weight is saved as it is.
     x2 = x1.detach().reshape(-1, x1.shape[-1])
-    assert torch.equal(saved_input(y), reference.mink(x2, gamma))
-    saved_weight = saved(y, "mat2")
-    assert saved_weight.data_ptr() == w.data_ptr()
+    assert torch.equal(input_seen(layer, y), reference.mink(x2, gamma))
+    if path == "hooks":
+        assert torch.equal(saved_input(y), reference.mink(x2, gamma))
+        assert saved(y, "mat2").data_ptr() == layer.weight.data_ptr()
     y.backward(g)
     # Input and bias gradients exact; the weight gradient from the sparsified input.
     assert torch.equal(x1.grad, gx0)
@@ -108,7 +146,7 @@ def test_matmul_layers(name, make, shape, dtype, gamma):
 @pytest.mark.parametrize("codec", ["int8", "fp8"])
 @pytest.mark.parametrize("name,make,shape", LINEAR_CASES[:4] + LINEAR_CASES[5:6],
                          ids=[c[0] for c in LINEAR_CASES[:4] + LINEAR_CASES[5:6]])
-def test_matmul_layers_with_a_value_codec(name, make, shape, codec):
+def test_matmul_layers_with_a_value_codec(name, make, shape, codec, path):
     layer = make()
     plain = copy.deepcopy(layer)
     x = torch.randn(shape).requires_grad_(True)
@@ -122,7 +160,8 @@ def test_matmul_layers_with_a_value_codec(name, make, shape, codec):
     sparse = reference.mink(x2, 0.9)
     positions = torch.nonzero(sparse.reshape(-1) != 0).reshape(-1)
     want_input = reference.quantize_kept(sparse, positions, codec)
-    assert torch.equal(saved_input(y), want_input)
+    assert (layer_node(y).name() in KERNEL_NODES) == (path == "kernel")
+    assert torch.equal(input_seen(layer, y), want_input)
     assert not torch.equal(want_input, sparse)  # the codec changed values: not vacuous
     y.backward(g)
     assert torch.equal(x1.grad, gx0)  # input and bias gradients stay exact
@@ -151,12 +190,141 @@ def test_a_value_codec_saves_fewer_bytes():
 
 
 @pytest.mark.parametrize("name,make,shape", LINEAR_CASES[:4], ids=[c[0] for c in LINEAR_CASES[:4]])
-def test_matmul_layers_input_without_grad(name, make, shape):
+def test_matmul_layers_input_without_grad(name, make, shape, path):
     layer = make()
     dropit.to_dropit(layer, "mink", 0.9)
     x = torch.randn(shape)
     y = layer(x)
-    assert torch.equal(saved_input(y), reference.mink(x.reshape(-1, shape[-1]), 0.9))
+    assert (layer_node(y).name() in KERNEL_NODES) == (path == "kernel")
+    assert torch.equal(input_seen(layer, y), reference.mink(x.reshape(-1, shape[-1]), 0.9))
+
+
+# ---- the kernel path: dropit's C++ Linear / Conv1D ----------------------------------------------
+
+
+@pytest.mark.parametrize("name,make,shape", [LINEAR_CASES[2], LINEAR_CASES[5]],
+                         ids=[LINEAR_CASES[2][0], LINEAR_CASES[5][0]])
+def test_kernel_path_rebuilds_the_input_in_pieces(name, make, shape):
+    # Pieces of 2 rows of 24 floats: 16 pieces; the weight gradient is their sum, as the oracle's
+    # one product over the whole sparsified input.
+    layer = make().double()
+    dropit.to_dropit(layer, "mink", 0.9)
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    old = dropit._C._chunk_bytes()
+    dropit._C._set_chunk_bytes(2 * 24 * 8)
+    try:
+        y = layer(x)
+        assert layer_node(y).name() in KERNEL_NODES
+        g = torch.randn_like(y)
+        y.backward(g)
+    finally:
+        dropit._C._set_chunk_bytes(old)
+    xs = reference.mink(x.detach().reshape(-1, 24), 0.9)
+    g2 = g.reshape(-1, 10)
+    want = g2.t().mm(xs) if isinstance(layer, nn.Linear) else xs.t().mm(g2)
+    torch.testing.assert_close(layer.weight.grad, want, **TOL[torch.float64])
+
+
+def test_kernel_path_backward_never_holds_the_whole_input():
+    # 8 MiB of input: the hook path's backward restores it whole, the kernel path in 1 MiB pieces
+    # (the counting allocator sees every CPU allocation, so this is a count, not a timing).
+    peaks = {}
+    for route in (True, False):
+        dropit._hooks._ROUTE_WEIGHT_LAYERS = route
+        try:
+            torch.manual_seed(0)
+            lin = nn.Linear(256, 256)
+            dropit.to_dropit(lin, "mink", 0.9)
+            x = torch.randn(8192, 256, requires_grad=True)
+            y = lin(x)
+            g = torch.randn_like(y)
+            with dropit.memory_counter() as counter:
+                start = counter.current_bytes
+                y.backward(g)
+                peaks[route] = counter.peak_bytes - start
+        finally:
+            dropit._hooks._ROUTE_WEIGHT_LAYERS = True
+    x_bytes = 8192 * 256 * 4
+    assert peaks[True] + 0.75 * x_bytes <= peaks[False]
+
+
+def test_kernel_path_double_backward_matches_the_hook_path():
+    # A gradient penalty through a Linear: create_graph makes both paths differentiate through
+    # the rebuilt input (its kept values stand for x).
+    outs = {}
+    for route in (True, False):
+        dropit._hooks._ROUTE_WEIGHT_LAYERS = route
+        try:
+            torch.manual_seed(0)
+            lin = nn.Linear(12, 6).double()
+            dropit.to_dropit(lin, "mink", 0.5)
+            x = torch.randn(10, 12, dtype=torch.float64, requires_grad=True)
+            y = lin(x * 1.5)
+            assert (y.grad_fn.name() in KERNEL_NODES) == route
+            (gw,) = torch.autograd.grad((y * y).sum(), lin.weight, create_graph=True)
+            (gx,) = torch.autograd.grad((gw * gw).sum(), x)
+            outs[route] = (gw.detach(), gx)
+        finally:
+            dropit._hooks._ROUTE_WEIGHT_LAYERS = True
+    torch.testing.assert_close(outs[True][0], outs[False][0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(outs[True][1], outs[False][1], rtol=1e-12, atol=1e-12)
+
+
+def test_kernel_path_takes_only_the_layers_own_call():
+    # What the C++ function does not take runs in PyTorch, its input packed by the hook: a
+    # tensor subclass, autocast, an input computed in the forward, a weight that is no
+    # parameter, a frozen weight (nothing to pack: the weight gradient is not wanted).
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return F.linear(x * 2.0, self.weight, self.bias)
+
+    class Transposed(nn.Linear):
+        def forward(self, x):
+            return F.linear(x, self.weight.t().t(), self.bias)
+
+    x = torch.randn(6, 8, requires_grad=True)
+    scaled = Scaled(8, 4)
+    dropit.to_dropit(scaled, "mink", 0.5)
+    y = scaled(x)
+    assert y.grad_fn.name() == "AddmmBackward0"
+    assert torch.equal(saved(y, "mat1"), reference.mink(x.detach() * 2.0, 0.5))
+    transposed = Transposed(8, 4)
+    dropit.to_dropit(transposed, "mink", 0.5)
+    assert transposed(x).grad_fn.name() == "AddmmBackward0"
+    lin = nn.Linear(8, 4)
+    dropit.to_dropit(lin, "mink", 0.5)
+    y = lin(x.detach().clone().as_subclass(_Subclass).requires_grad_(True))
+    assert y.grad_fn.name() == "AliasBackward0"  # the subclass's wrap of PyTorch's Linear
+    assert y.grad_fn.next_functions[0][0].name() == "AddmmBackward0"
+    assert torch.equal(saved(y, "mat1"), reference.mink(x.detach(), 0.5))
+    lin.weight.requires_grad_(False)
+    y = lin(x)
+    assert y.grad_fn.name() in KERNEL_NODES and dropit.live_saved_bytes().sparse == 0
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.ones(6, 4).mm(lin.weight))
+
+
+def test_a_linear_forward_that_raises_routes_nothing_after_it():
+    # The Linear layer's mode stays entered after its forward raised (the next hooked forward
+    # closes it); meanwhile the same call outside any dropit layer is PyTorch's own.
+    class Failing(nn.Linear):
+        def forward(self, x):
+            super().forward(x)
+            raise RuntimeError("boom")
+
+    lin = Failing(8, 4)
+    dropit.to_dropit(lin, "mink", 0.9)
+    x = torch.randn(3, 8, requires_grad=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        lin(x)
+    assert torch.overrides._len_torch_function_stack() == 1  # left by the failed forward
+    assert F.linear(x, lin.weight, lin.bias).grad_fn.name() == "AddmmBackward0"
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        lin(torch.randn(3, 5, requires_grad=True))  # PyTorch's own error through the C++ layer
+    plain = nn.Linear(8, 4)
+    dropit.to_dropit(plain, "mink", 0.9)
+    assert plain(x).grad_fn.name() in KERNEL_NODES  # the next hooked forward closes the mode
+    assert torch.overrides._len_torch_function_stack() == 0
 
 
 # ---- Conv2d ----------------------------------------------------------------------------------
@@ -312,7 +480,7 @@ def test_gamma_zero_is_bit_identical(model, inplace):
 # ---- Random --------------------------------------------------------------------------------
 
 
-def test_random_is_reproducible_per_seed_and_fresh_per_step():
+def test_random_is_reproducible_per_seed_and_fresh_per_step(path):
     def two_steps(seed):
         torch.manual_seed(1)
         lin = nn.Linear(32, 16)
@@ -321,7 +489,7 @@ def test_random_is_reproducible_per_seed_and_fresh_per_step():
         kept, grads = [], []
         for _ in range(2):
             y = lin(x)
-            kept.append(saved(y, "mat1") != 0)
+            kept.append(input_seen(lin, y) != 0)
             y.sum().backward()
             grads.append(lin.weight.grad.clone())
             lin.zero_grad()
@@ -337,17 +505,17 @@ def test_random_is_reproducible_per_seed_and_fresh_per_step():
     assert not torch.equal(a1, c1)  # another seed, other positions
 
 
-def test_random_positions_follow_the_documented_seed():
+def test_random_positions_follow_the_documented_seed(path):
     net = nn.Sequential(nn.Linear(40, 8), nn.Linear(8, 8), nn.Linear(8, 3))
     dropit.to_dropit(net, "random", 0.9, seed=11)
     x = torch.randn(10, 40) + 4.0
     for step in (1, 2, 3):
         h = net[0](x)
         want = reference.random_select(x, 0.9, reference.layer_seed(11, 0, step))
-        assert torch.equal(saved(h, "mat1"), want)
+        assert torch.equal(input_seen(net[0], h), want)
         h2 = net[1](h.detach() + 5.0)
         want2 = reference.random_select(h.detach() + 5.0, 0.9, reference.layer_seed(11, 1, step))
-        assert torch.equal(saved(h2, "mat1"), want2)
+        assert torch.equal(input_seen(net[1], h2), want2)
 
 
 # ---- masks: ReLU and MaxPool2d ---------------------------------------------------------------
@@ -799,26 +967,22 @@ def test_saved_tensors_block():
         dropit.saved_tensors(0.9)
 
 
-def test_layer_gamma_sets_gamma_per_layer_longest_name_first():
+def test_layer_gamma_sets_gamma_per_layer_longest_name_first(path):
     net = nn.Sequential(nn.Linear(20, 30), nn.ReLU(),
                         nn.Sequential(nn.Linear(30, 30), nn.Linear(30, 5)))
     handle = dropit.to_dropit(net, "mink", 0.9, layer_gamma={"2": 0.5, "2.1": 0.0})
     x = torch.randn(8, 20)
-    y = net(x)
-    with torch.no_grad():
-        h1 = torch.relu(net[0](x))
-        h2 = net[2][0](h1)
-    nodes, frontier = [], [y.grad_fn]
-    while frontier:
-        node = frontier.pop(0)
-        if node is not None:
-            if type(node).__name__ == "AddmmBackward0":
-                nodes.append(node)
-            frontier.extend(n for n, _ in node.next_functions)
-    last, middle, first = nodes  # breadth first from the output
-    assert torch.equal(last._saved_mat1, h2)                                # gamma 0: all of it
-    assert torch.equal(middle._saved_mat1, reference.mink(h1, 0.5))         # "2"
-    assert torch.equal(first._saved_mat1, reference.mink(x, 0.9))           # the default
+    a0 = net[0](x)
+    h1 = torch.relu(a0).detach()
+    a1 = net[2][0](h1)
+    h2 = a1.detach()
+    a2 = net[2][1](h2)
+    assert torch.equal(input_seen(net[0], a0), reference.mink(x, 0.9))       # the default
+    assert torch.equal(input_seen(net[2][0], a1), reference.mink(h1, 0.5))  # "2"
+    assert torch.equal(input_seen(net[2][1], a2), h2)                       # gamma 0: all of it
+    # gamma 0 is lossless: PyTorch's own Linear, whose backward gives its gradients bit for bit.
+    assert (a0.grad_fn.name() in KERNEL_NODES) == (path == "kernel")
+    assert a2.grad_fn.name() == "AddmmBackward0"
     handle.remove()
     for bad, message in (({"nope": 0.5}, "layer_gamma names no module of the model: 'nope'"),
                          ({"0": 1.5}, r"gamma must be in \[0, 1\]")):

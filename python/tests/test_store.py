@@ -235,10 +235,15 @@ def test_layers_left_dense_inside_attention_save_as_pytorch():
     assert dict(handle.layers) == {"": "attention", "qkv": "pass", "proj": "weight"}
     h = torch.randn(2, 6, 32)
     y = att(h)
-    addmms = [n for n in graph(y) if type(n).__name__ == "AddmmBackward0"]
-    proj, qkv = addmms  # breadth first from the output
+    # proj runs dropit's C++ Linear (the kernel path); qkv PyTorch's, its input saved as it is.
+    (qkv,) = [n for n in graph(y) if type(n).__name__ == "AddmmBackward0"]
     assert torch.equal(qkv._saved_mat1, h.view(-1, 32))
-    assert torch.count_nonzero(proj._saved_mat1) == reference.kept_count(12 * 32, 0.9)
+    (proj,) = [n for n in graph(y) if n.name().endswith("linear_fn>")]
+    # proj's weight gradient reads its input sparsified: with a one-hot output gradient, the
+    # weight gradient's rows are the input's rows.
+    rows = y.numel() // 32
+    (gw,) = torch.autograd.grad(y, att.proj.weight, torch.eye(rows, 32).view(y.shape))
+    assert torch.count_nonzero(gw) == reference.kept_count(12 * 32, 0.9)
     handle.remove()
     # strategy "none": Linear layers inside attention keep their inputs too
     handle = dropit.to_dropit(att, "none", store=("matmul",))
