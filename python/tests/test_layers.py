@@ -758,6 +758,29 @@ def test_relu_is_exact_and_saves_a_mask(inplace, dtype):
     assert dropit.live_saved_bytes().masks == 0
 
 
+@needs_half
+@pytest.mark.parametrize("inplace", [False, True])
+def test_relu_kernel_runs_float16_on_the_cpu(inplace):
+    # PyTorch 1.13 has no float16 relu on the CPU ("clamp_min_cpu" not implemented for 'Half');
+    # dropit's kernel has one. The oracle computes in float32 (max(x, 0) and its gradient are
+    # exact in any precision): the output where x > 0 or NaN, the gradient there, 0 elsewhere.
+    relu = nn.ReLU(inplace=inplace)
+    dropit.to_dropit(relu)
+    x = torch.randn(33, 40).to(torch.float16)
+    x[0, :5] = 0.0
+    x[1, 0] = float("nan")
+    x.requires_grad_(True)
+    y = relu(x * 1)
+    assert y.grad_fn.name() == RELU_NODE[inplace]
+    assert dropit.live_saved_bytes().masks == (33 * 40 + 31) // 32 * 4
+    x32 = x.detach().float()
+    passes = ~(x32 <= 0)
+    _same(y.detach(), torch.where(passes, x32, torch.zeros(())).half())
+    g = torch.randn(33, 40).to(torch.float16)
+    y.backward(g)
+    assert torch.equal(x.grad, torch.where(passes, g.float(), torch.zeros(())).half())
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("subclass", [False, True])
 def test_relu_mask_restores_as_dtype_and_double_backward_matches(dtype, subclass):
