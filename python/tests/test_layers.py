@@ -268,6 +268,20 @@ def test_kernel_path_double_backward_matches_the_hook_path():
             dropit._hooks._ROUTE_WEIGHT_LAYERS = True
     torch.testing.assert_close(outs[True][0], outs[False][0], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(outs[True][1], outs[False][1], rtol=1e-12, atol=1e-12)
+    # The restored input stands for x on both paths: d <G^T x_restored, V> / dx = G V, at every
+    # element of x, dropped ones included.
+    for route in (True, False):
+        dropit._hooks._ROUTE_WEIGHT_LAYERS = route
+        try:
+            lin = nn.Linear(12, 6).double()
+            dropit.to_dropit(lin, "mink", 0.9)
+            x = torch.randn(10, 12, dtype=torch.float64, requires_grad=True)
+            G, V = torch.randn(10, 6, dtype=torch.float64), torch.randn(6, 12, dtype=torch.float64)
+            (gw,) = torch.autograd.grad(lin(x), lin.weight, G, create_graph=True)
+            (gx,) = torch.autograd.grad((gw * V).sum(), x)
+            torch.testing.assert_close(gx, G.mm(V), rtol=1e-12, atol=1e-12)
+        finally:
+            dropit._hooks._ROUTE_WEIGHT_LAYERS = True
 
 
 def test_kernel_path_takes_only_the_layers_own_call():
