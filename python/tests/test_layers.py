@@ -225,63 +225,51 @@ def test_kernel_path_rebuilds_the_input_in_pieces(name, make, shape):
     torch.testing.assert_close(layer.weight.grad, want, **TOL[torch.float64])
 
 
-def test_kernel_path_backward_never_holds_the_whole_input():
+def test_kernel_path_backward_never_holds_the_whole_input(monkeypatch):
     # 8 MiB of input: the hook path's backward restores it whole, the kernel path in 1 MiB pieces
     # (the counting allocator sees every CPU allocation, so this is a count, not a timing).
     peaks = {}
     for route in (True, False):
-        dropit._hooks._ROUTE_WEIGHT_LAYERS = route
-        try:
-            torch.manual_seed(0)
-            lin = nn.Linear(256, 256)
-            dropit.to_dropit(lin, "mink", 0.9)
-            x = torch.randn(8192, 256, requires_grad=True)
-            y = lin(x)
-            g = torch.randn_like(y)
-            with dropit.memory_counter() as counter:
-                start = counter.current_bytes
-                y.backward(g)
-                peaks[route] = counter.peak_bytes - start
-        finally:
-            dropit._hooks._ROUTE_WEIGHT_LAYERS = True
+        monkeypatch.setattr(dropit._hooks, "_ROUTE_WEIGHT_LAYERS", route)
+        torch.manual_seed(0)
+        lin = nn.Linear(256, 256)
+        dropit.to_dropit(lin, "mink", 0.9)
+        x = torch.randn(8192, 256, requires_grad=True)
+        y = lin(x)
+        g = torch.randn_like(y)
+        with dropit.memory_counter() as counter:
+            start = counter.current_bytes
+            y.backward(g)
+            peaks[route] = counter.peak_bytes - start
     x_bytes = 8192 * 256 * 4
     assert peaks[True] + 0.75 * x_bytes <= peaks[False]
 
 
-def test_kernel_path_double_backward_matches_the_hook_path():
+def test_kernel_path_double_backward_matches_the_hook_path(monkeypatch):
     # A gradient penalty through a Linear: create_graph makes both paths differentiate through
     # the rebuilt input (its kept values stand for x).
     outs = {}
     for route in (True, False):
-        dropit._hooks._ROUTE_WEIGHT_LAYERS = route
-        try:
-            torch.manual_seed(0)
-            lin = nn.Linear(12, 6).double()
-            dropit.to_dropit(lin, "mink", 0.5)
-            x = torch.randn(10, 12, dtype=torch.float64, requires_grad=True)
-            y = lin(x * 1.5)
-            assert (y.grad_fn.name() in KERNEL_NODES) == route
-            (gw,) = torch.autograd.grad((y * y).sum(), lin.weight, create_graph=True)
-            (gx,) = torch.autograd.grad((gw * gw).sum(), x)
-            outs[route] = (gw.detach(), gx)
-        finally:
-            dropit._hooks._ROUTE_WEIGHT_LAYERS = True
+        monkeypatch.setattr(dropit._hooks, "_ROUTE_WEIGHT_LAYERS", route)
+        torch.manual_seed(0)
+        lin = nn.Linear(12, 6).double()
+        dropit.to_dropit(lin, "mink", 0.5)
+        x = torch.randn(10, 12, dtype=torch.float64, requires_grad=True)
+        y = lin(x * 1.5)
+        assert (y.grad_fn.name() in KERNEL_NODES) == route
+        (gw,) = torch.autograd.grad((y * y).sum(), lin.weight, create_graph=True)
+        (gx,) = torch.autograd.grad((gw * gw).sum(), x)
+        # The restored input stands for x: d <G^T x_restored, V> / dx = G V, at every element
+        # of x, dropped ones included.
+        lin2 = nn.Linear(12, 6).double()
+        dropit.to_dropit(lin2, "mink", 0.9)
+        G, V = torch.randn(10, 6, dtype=torch.float64), torch.randn(6, 12, dtype=torch.float64)
+        (gw2,) = torch.autograd.grad(lin2(x), lin2.weight, G, create_graph=True)
+        (gx2,) = torch.autograd.grad((gw2 * V).sum(), x)
+        torch.testing.assert_close(gx2, G.mm(V), rtol=1e-12, atol=1e-12)
+        outs[route] = (gw.detach(), gx)
     torch.testing.assert_close(outs[True][0], outs[False][0], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(outs[True][1], outs[False][1], rtol=1e-12, atol=1e-12)
-    # The restored input stands for x on both paths: d <G^T x_restored, V> / dx = G V, at every
-    # element of x, dropped ones included.
-    for route in (True, False):
-        dropit._hooks._ROUTE_WEIGHT_LAYERS = route
-        try:
-            lin = nn.Linear(12, 6).double()
-            dropit.to_dropit(lin, "mink", 0.9)
-            x = torch.randn(10, 12, dtype=torch.float64, requires_grad=True)
-            G, V = torch.randn(10, 6, dtype=torch.float64), torch.randn(6, 12, dtype=torch.float64)
-            (gw,) = torch.autograd.grad(lin(x), lin.weight, G, create_graph=True)
-            (gx,) = torch.autograd.grad((gw * V).sum(), x)
-            torch.testing.assert_close(gx, G.mm(V), rtol=1e-12, atol=1e-12)
-        finally:
-            dropit._hooks._ROUTE_WEIGHT_LAYERS = True
 
 
 def test_kernel_path_takes_only_the_layers_own_call():
