@@ -312,15 +312,18 @@ class _Layer:
     """A layer to_dropit selected: what it packs and with which policy."""
 
     __slots__ = ("name", "kind", "policy", "store", "index", "step", "pool", "pad_mode",
-                 "lossy", "__weakref__")
+                 "matmul", "__weakref__")
 
     def __init__(self, name, kind, policy, index, module, store=frozenset()):
         self.name, self.kind, self.policy, self.index, self.step = name, kind, policy, index, 0
         self.store = store
         self.pool = None
         self.pad_mode = getattr(module, "padding_mode", "zeros")
-        self.lossy = policy.codec != "exact" or (policy.kind in ("mink", "random")
-                                                 and policy.gamma > 0)
+        # A Linear / Conv1D whose matmul may run in dropit's C++ layer: not with a lossless
+        # policy (PyTorch's own backward then gives its gradients bit for bit).
+        lossy = policy.codec != "exact" or (policy.kind in ("mink", "random") and policy.gamma > 0)
+        self.matmul = (kind == "weight" and lossy
+                       and (isinstance(module, nn.Linear) or _is_conv1d(module)))
         if kind == "pool":
             pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
             stride = module.stride if module.stride is not None else module.kernel_size
@@ -358,11 +361,7 @@ class _Scope:
         # that a tensor saved twice (or a view of it) is held once. Emptied when the forward ends.
         self.memo = {} if layer.kind == "attention" else None
         self.mode = False  # whether this scope entered _KERNEL_MODE
-        # Whether the layer's matmul / convolution goes to dropit's C++ function: not for a
-        # lossless policy (PyTorch's own backward then gives its gradients bit for bit), nor for
-        # a Conv2d with a padding mode (its convolution's input is a padded copy).
-        self.route = (_ROUTE_WEIGHT_LAYERS and layer.kind == "weight" and layer.lossy
-                      and layer.pad_mode == "zeros")
+        self.route = _ROUTE_WEIGHT_LAYERS and layer.matmul  # enters _KERNEL_MODE for its matmul
 
     def live(self):
         """Whether this layer's forward is still running on this thread (it is not after an
