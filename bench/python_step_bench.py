@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """One training step of the Fashion-MNIST CNN and ViT in PyTorch from Python: plain, with dropit
 (``dropit.to_dropit``, MinK; also with ``store="all"``: the LayerNorm inputs, softmax outputs
-and attention matmul inputs in int8), with DropIT's method in plain PyTorch (``--impl reference`` of the
-example), and a "hook floor", measured in ONE interleaved run so that the shared machine's slow
-stretches fall on every configuration alike.
+and attention matmul inputs in int8; and with ``low_memory=True``: Conv2d layers in dropit's C++
+convolution, in pieces of samples), with DropIT's method in plain PyTorch (``--impl reference``
+of the example), and a "hook floor", measured in ONE interleaved run so that the shared
+machine's slow stretches fall on every configuration alike.
 
 The hook floor is what any method that stores Linear/Conv2d inputs through PyTorch's
 save-for-backward hooks must at least do: forward pre-hooks and hooks that open
@@ -13,12 +14,13 @@ back as a dense tensor of zeros (PyTorch's backward reads a dense tensor). It tr
 weight gradients are wrong) and leaves ReLU and MaxPool2d as PyTorch runs them; it prices the
 hooks, one read of every Linear/Conv input in forward and one dense write of it in backward.
 
-For each model: the bytes the graph holds after forward (dropit's counting CPU allocator), the
-step time (forward, cross-entropy, backward, AdamW) over real Fashion-MNIST batches, and the minor
-page faults per step (``getrusage``: memory the kernel had to map and zero because glibc's heap
-gave it back; a run of each configuration in a process of its own, as ``perf stat``, sees
-thousands per step, this interleaved run almost none). Each round runs
-one step of every configuration in a fresh random order; the figure is the median over rounds,
+For each model: the bytes the graph holds after forward and the peak of one step's forward and
+backward above what was held before it (dropit's counting CPU allocator), the step time
+(forward, cross-entropy, backward, AdamW) over real Fashion-MNIST batches, and the minor page
+faults per step (``getrusage``: memory the kernel had to map and zero because glibc's heap gave
+it back; a run of each configuration in a process of its own, as ``perf stat``, sees thousands
+per step, this interleaved run almost none). Each round runs one step of every configuration in
+a fresh random order; the figure is the median over rounds,
 with the ratio against plain PyTorch and the interquartile range of the per-round ratios.
 
 Which configuration pays page faults depends on how glibc's heap happens to grow and shrink
@@ -112,6 +114,8 @@ def configurations(model, gamma):
     dropit.to_dropit(bitmask, "mink", gamma, positions="no_elias_fano")
     stored = copy.deepcopy(base)
     dropit.to_dropit(stored, "mink", gamma, store="all", store_codec="int8")
+    low_memory = copy.deepcopy(base)
+    dropit.to_dropit(low_memory, "mink", gamma, low_memory=True)
     excluded = copy.deepcopy(base)
     dropit.to_dropit(excluded, "mink", gamma, exclude=fmnist.REFERENCE_EXCLUDE[model])
     reference = copy.deepcopy(base)
@@ -119,7 +123,7 @@ def configurations(model, gamma):
     floor = copy.deepcopy(base)
     hook_floor(floor)
     return [("none", plain), ("dropit", converted), ("dropit-no-ef", bitmask),
-            ("dropit-store", stored),
+            ("dropit-store", stored), ("dropit-low-memory", low_memory),
             ("dropit-excl", excluded), ("reference", reference), ("floor", floor)]
 
 
@@ -137,6 +141,16 @@ def held_after_forward(net, x, y):
     return held
 
 
+def step_peak(net, x, y):
+    """Peak CPU bytes of one training step (forward and backward) above what was held before."""
+    with dropit.memory_counter() as counter:
+        base = counter.reset_peak()
+        F.cross_entropy(net(x), y).backward()
+        peak = counter.peak_bytes - base
+    net.zero_grad(set_to_none=True)
+    return peak
+
+
 def quartiles(values):
     q = statistics.quantiles(values, n=4)
     return q[0], q[2]
@@ -148,6 +162,7 @@ def bench_model(model, a, images, labels):
     batches = [(images[i:i + a.batch_size], labels[i:i + a.batch_size])
                for i in range(0, len(images) - a.batch_size + 1, a.batch_size)]
     held = {name: held_after_forward(net, *batches[0]) for name, net in configs}
+    peak = {name: step_peak(net, *batches[0]) for name, net in configs}
     times = {name: [] for name, _ in configs}
     faults = {name: [] for name, _ in configs}
     order = [c for c in configs]
@@ -173,6 +188,7 @@ def bench_model(model, a, images, labels):
             "model": model, "impl": name,
             "held_after_forward_bytes": held[name],
             "held_ratio": held[name] / held["none"],
+            "step_peak_bytes": peak[name],
             "step_ms_median": 1e3 * statistics.median(times[name]),
             "step_ratio_median": statistics.median(ratios),
             "step_ratio_q1": q1, "step_ratio_q3": q3,
@@ -189,21 +205,25 @@ def markdown(rows, a, command):
         f"{torch.__version__}, {a.threads} threads, batch {a.batch_size}, gamma {a.gamma}, "
         f"{a.rounds} rounds).",
         "",
-        "| model | configuration | held after forward MiB | vs plain | median step ms | vs plain "
-        "(median of per-round ratios) | interquartile range of the ratio | page faults per step |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| model | configuration | held after forward MiB | vs plain | step peak MiB "
+        "| median step ms | vs plain (median of per-round ratios) "
+        "| interquartile range of the ratio | page faults per step |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     names = {"none": "plain PyTorch", "dropit": "dropit (every layer)",
              "dropit-no-ef": "dropit (every layer), positions without Elias-Fano",
              "dropit-store": "dropit (every layer) + store=\"all\", int8 (LayerNorm, softmax, "
                              "attention matmul inputs)",
+             "dropit-low-memory": "dropit (every layer), low_memory=True (Conv2d in dropit's C++ "
+                                  "convolution, in pieces)",
              "dropit-excl": "dropit (first layer and head dense)",
              "reference": "DropIT's method in PyTorch (topk, int32)",
              "floor": "hook floor: Linear/Conv inputs read once, restored as zeros (trains nothing)"}
     for r in rows:
         lines.append(
             f"| {r['model']} | {names[r['impl']]} | {r['held_after_forward_bytes'] / 2**20:.2f} | "
-            f"{r['held_ratio']:.3f}x | {r['step_ms_median']:.1f} | {r['step_ratio_median']:.3f}x | "
+            f"{r['held_ratio']:.3f}x | {r['step_peak_bytes'] / 2**20:.2f} | "
+            f"{r['step_ms_median']:.1f} | {r['step_ratio_median']:.3f}x | "
             f"{r['step_ratio_q1']:.3f}-{r['step_ratio_q3']:.3f} | {r['page_faults_median']:.0f} |")
     return "\n".join(lines) + "\n"
 

@@ -6,7 +6,7 @@ reports MEASURED memory (dropit's counting CPU allocator), accuracy and step tim
     fashion_mnist.py --model cnn|vit --impl none|dropit|reference --policy mink|random --gamma G
                      --epochs E --batch-size B --limit N --seed S --csv FILE [--masks on|off]
                      [--store layernorm|gelu|softmax|matmul|dropout|all ... --store-codec int8|fp8]
-                     [--layer-gamma NAME=G ...]
+                     [--layer-gamma NAME=G ...] [--low-memory]
                      [--threads T] [--exclude NAME]... [--reference-exclude] [--data DIR]
 
 Exit codes: 0 done (and the training loss fell), 1 the loss did not fall, 2 bad arguments,
@@ -64,6 +64,8 @@ def parse(argv):
                    help="DropIT's own exclusions: the first layer and the classifier head dense")
     p.add_argument("--layer-gamma", action="append", default=[], metavar="NAME=G",
                    help="a layer's own gamma (the longest matching module name wins); repeat")
+    p.add_argument("--low-memory", action="store_true",
+                   help="Conv2d layers in dropit's C++ convolution too (in pieces: lower peak)")
     p.add_argument("--store", action="append", default=[],
                    choices=list(dropit.STORE_CLASSES) + ["all"],
                    help="a class of the tensors DropIT leaves dense to keep through --store-codec "
@@ -84,11 +86,13 @@ def parse(argv):
 
 
 def store_suffix(a):
-    """' + gamma:NAME=G' per --layer-gamma and ' + store:CLASSES:CODEC' for --store (dropit
-    only), else ''."""
+    """' + gamma:NAME=G' per --layer-gamma, ' + store:CLASSES:CODEC' for --store and
+    ' + low_memory' (dropit only), else ''."""
     if a.impl != "dropit":
         return ""
     out = "".join(f" + gamma:{k}={v:g}" for k, v in sorted(a.layer_gamma.items()))
+    if a.low_memory:
+        out += " + low_memory"
     if a.store:
         classes = "all" if "all" in a.store else ";".join(a.store)
         out += f" + store:{classes}:{a.store_codec}"
@@ -115,7 +119,7 @@ def convert(net, a):
         store = dropit.STORE_CLASSES if "all" in a.store else tuple(a.store)
         handle = dropit.to_dropit(net, a.policy, a.gamma, exclude=a.exclude, masks=a.masks == "on",
                                   seed=a.seed, store=store, store_codec=a.store_codec,
-                                  layer_gamma=a.layer_gamma)
+                                  layer_gamma=a.layer_gamma, low_memory=a.low_memory)
         kinds = [k for _, k in handle.layers]
         stored = (f"; {', '.join(store)} stored as {a.store_codec} "
                   f"({len(kinds) - sum(map(kinds.count, ('weight', 'relu', 'pool')))} modules)"

@@ -215,50 +215,76 @@ def _relu_input(input, inplace=False):
 
 _RELU_FUNCS = {F.relu: False, torch.relu: False, F.relu_: True, torch.relu_: True}
 
-# Whether a Linear / Conv1D layer runs its matmul through dropit's C++ function when it can (a
-# switch for the tests, which run both paths). Conv2d stays on the hook path: the C++ conv2d runs
-# its convolutions in pieces of samples, which saves memory but made the CNN step slower
-# (docs/results/python_linear_kernel_ab.md).
+# Whether a Linear / Conv1D layer (and with to_dropit's low_memory, a Conv2d) runs its op through
+# dropit's C++ function when it can (a switch for the tests, which run both paths). Conv2d takes
+# the hook path unless asked: the C++ conv2d runs its convolutions in pieces of samples, which
+# lowers the step's peak but made the CNN step slower (docs/results/python_linear_kernel_ab.md).
 _ROUTE_WEIGHT_LAYERS = True
 
 
 def _linear_args(input, weight, bias=None):
-    return input, weight, bias
+    return input, weight, bias, ()
 
 
 def _addmm_args(input, mat1, mat2, *, beta=1, alpha=1, out=None):
     """torch.addmm(bias, x2, W) as GPT-2's Conv1D calls it; None for another use of addmm."""
     if out is not None or not (beta == 1 and alpha == 1) or mat1.dim() != 2:
         return None
-    return mat1, mat2, input
+    return mat1, mat2, input, ()
 
 
-_WEIGHT_FUNCS = {F.linear: (_linear_args, _C._linear), torch.addmm: (_addmm_args, _C._conv1d)}
+def _conv2d_args(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """F.conv2d's arguments with padding as two symmetric ints (what the C++ conv2d takes); None
+    for a padding="same" that pads one side more, or arguments PyTorch refuses (it then runs the
+    call and raises its own error)."""
+    stride, dilation = _pair(stride), _pair(dilation)
+    if stride is None or dilation is None or type(groups) is not int:
+        return None
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = (0, 0)
+        elif padding == "same" and stride == (1, 1) and weight.dim() == 4:
+            total = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
+            if any(t % 2 for t in total):
+                return None
+            padding = (total[0] // 2, total[1] // 2)
+        else:
+            return None
+    padding = _pair(padding)
+    if padding is None:
+        return None
+    return input, weight, bias, (stride, padding, dilation, groups)
+
+
+# func -> (its arguments as (x, weight, bias, extra) or None, dropit's function, weight's dims)
+_WEIGHT_FUNCS = {F.linear: (_linear_args, _C._linear, 2), torch.addmm: (_addmm_args, _C._conv1d, 2),
+                 F.conv2d: (_conv2d_args, _C._conv2d, 4)}
 
 
 def _route_weight_layer(scope, func, args, kwargs):
-    """A Linear / Conv1D layer's own matmul through dropit's C++ function (its backward rebuilds
-    the input in pieces of rows), or None: the call then runs in PyTorch and the pack hook packs
-    the input it saves. Taken: the layer's input (or a view of it, not a parameter) as a plain
-    CPU tensor, a 2-d weight and a 1-d bias (or none) that are parameters, no autocast."""
-    parse, run = _WEIGHT_FUNCS[func]
+    """A Linear / Conv1D layer's own matmul (a low_memory Conv2d's convolution) through dropit's
+    C++ function (its backward rebuilds the input in pieces of rows / samples), or None: the call
+    then runs in PyTorch and the pack hook packs the input it saves. Taken: the layer's input (or
+    a view of it, not a parameter) as a plain CPU tensor, a 2-d (conv: 4-d) weight and a 1-d bias
+    (or none) that are parameters, no autocast."""
+    parse, run, weight_dims = _WEIGHT_FUNCS[func]
     try:
         bound = parse(*args, **kwargs)
     except TypeError:
         return None
     if bound is None:
         return None
-    x, w, b = bound
+    x, w, b, extra = bound
     x_in = scope.x() if scope.x is not None else None
     if (x_in is None or type(x) is not torch.Tensor or type(w) is not nn.Parameter
             or (b is not None and (type(b) is not nn.Parameter or b.dim() != 1))
-            or w.dim() != 2 or not _same_data(x, x_in) or _is_parameter_like(x)
+            or w.dim() != weight_dims or not _same_data(x, x_in) or _is_parameter_like(x)
             or x.device.type != "cpu" or x.layout != torch.strided
             or x.dtype not in _KERNEL_DTYPES or w.dtype != x.dtype
             or torch.is_autocast_cpu_enabled()):
         return None
     try:
-        return run(x, w, b, scope.policy)
+        return run(x, w, b, *extra, scope.policy)
     except _C.Error:  # what the C++ function refuses runs in PyTorch (which raises its own error)
         return None
 
@@ -266,7 +292,8 @@ def _route_weight_layer(scope, func, args, kwargs):
 class _KernelMode(TorchFunctionMode):
     """Routes ``F.max_pool2d`` (and ``torch.max_pool2d``) while a MaxPool2d layer's forward runs,
     ``F.relu`` (``torch.relu``, ``relu_``) while a ReLU layer's does, and ``F.linear`` /
-    ``torch.addmm`` while a Linear / Conv1D layer's does, to dropit's kernels when a gradient is
+    ``torch.addmm`` while a Linear / Conv1D layer's does (``F.conv2d``: a low_memory Conv2d's), to
+    dropit's kernels when a gradient is
     wanted; every other call runs as it is."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -314,16 +341,17 @@ class _Layer:
     __slots__ = ("name", "kind", "policy", "store", "index", "step", "pool", "pad_mode",
                  "matmul", "__weakref__")
 
-    def __init__(self, name, kind, policy, index, module, store=frozenset()):
+    def __init__(self, name, kind, policy, index, module, store=frozenset(), low_memory=False):
         self.name, self.kind, self.policy, self.index, self.step = name, kind, policy, index, 0
         self.store = store
         self.pool = None
         self.pad_mode = getattr(module, "padding_mode", "zeros")
-        # A Linear / Conv1D whose matmul may run in dropit's C++ layer: not with a lossless
-        # policy (PyTorch's own backward then gives its gradients bit for bit).
+        # A Linear / Conv1D (low_memory: a Conv2d) whose op may run in dropit's C++ layer: not
+        # with a lossless policy (PyTorch's own backward then gives its gradients bit for bit).
         lossy = policy.codec != "exact" or (policy.kind in ("mink", "random") and policy.gamma > 0)
         self.matmul = (kind == "weight" and lossy
-                       and (isinstance(module, nn.Linear) or _is_conv1d(module)))
+                       and (isinstance(module, nn.Linear) or _is_conv1d(module)
+                            or (low_memory and isinstance(module, nn.Conv2d))))
         if kind == "pool":
             pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
             stride = module.stride if module.stride is not None else module.kernel_size
@@ -640,7 +668,8 @@ class Handle:
 
 
 def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0, codec="exact",
-              positions="smallest", store=(), store_codec="int8", layer_gamma=None):
+              positions="smallest", store=(), store_codec="int8", layer_gamma=None,
+              low_memory=False):
     """Makes ``model``'s layers save less for backward, without replacing any module.
 
     Args:
@@ -665,6 +694,9 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
         store_codec: ``"int8"``, ``"fp8"`` or ``"exact"`` (a dense copy: gradients as PyTorch's).
         layer_gamma: ``{name: gamma}``: a Linear/Conv layer takes the gamma of the longest name
             that is its own or a dotted prefix of it (``""`` matches all), else ``gamma``.
+        low_memory: Conv2d layers also run dropit's C++ convolution (as Linear layers always do),
+            which runs forward and backward in pieces of samples so that no whole rebuilt input
+            exists: a lower peak for a slower step (docs/python.md).
 
     Returns:
         a ``Handle``; ``handle.remove()`` undoes it.
@@ -748,7 +780,7 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
                 layer = _Layer(name, kind, store_policy, index, module, store)
             else:
                 layer = _Layer(name, kind, policy_of(name) if kind == "weight" else policy, index,
-                               module)
+                               module, low_memory=bool(low_memory))
             hooks.append(module.register_forward_pre_hook(_pre_hook(layer)))
             hooks.append(module.register_forward_hook(_post_hook(layer)))
             layers.append(layer)

@@ -241,6 +241,20 @@ pieces of rows (the rebuilt input never exists whole); input and bias gradients 
          const dt::policy& p) { return dt::gpt2_conv1d(x, weight, bias, p); },
       py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("policy"),
       py::call_guard<py::gil_scoped_release>(), "GPT-2's Conv1D (x W + b, W [nx, nf]) as _linear.");
+  m.def(
+      "_conv2d",
+      [](const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+         std::array<std::int64_t, 2> stride, std::array<std::int64_t, 2> padding,
+         std::array<std::int64_t, 2> dilation, std::int64_t groups, const dt::policy& p) {
+        return dt::conv2d(x, weight, bias, {stride, padding, dilation, groups}, p);
+      },
+      py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
+      py::arg("dilation"), py::arg("groups"), py::arg("policy"),
+      py::call_guard<py::gil_scoped_release>(),
+      R"doc(
+F.conv2d (symmetric padding given as two ints) that saves its input through the policy; forward
+and backward run in pieces of samples (backward rebuilds one piece of the input at a time); input
+and bias gradients as PyTorch's up to rounding, the weight gradient from the sparsified input.)doc");
   m.def("_set_chunk_bytes", &dt::set_chunk_bytes, py::arg("bytes"),
         "Size of the pieces in which the C++ layers rebuild a saved input (0: never split).");
   m.def("_chunk_bytes", &dt::chunk_bytes);

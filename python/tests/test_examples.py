@@ -58,3 +58,15 @@ def test_store_and_layer_gamma_reach_to_dropit(tmp_path):
     with pytest.raises(SystemExit):
         run(tmp_path, "--impl", "dropit", "--layer-gamma", "0")
     assert run(tmp_path, "--impl", "dropit", "--layer-gamma", "nope=0.5")[0] == 2
+
+
+def test_low_memory_lowers_the_cnn_activation_peak(tmp_path):
+    # --low-memory runs the CNN's convolutions in dropit's C++ layer, in pieces: the example's
+    # measured activation peak falls (a count of allocated bytes, not a timing).
+    code, rows = run(tmp_path, "--model", "cnn", "--impl", "dropit")
+    assert code == 0
+    code, rows = run(tmp_path, "--model", "cnn", "--impl", "dropit", "--low-memory")
+    assert code == 0
+    hooks, pieces = rows
+    assert pieces["policy"] == "mink+low_memory"
+    assert int(pieces["activation_bytes"]) < 0.9 * int(hooks["activation_bytes"])

@@ -348,32 +348,110 @@ CONV_CASES = [
 ]
 
 
+CONV_NODE = "torch::autograd::CppNode<dropit::torch::detail::conv2d_fn>"
+
+
+def conv_routes(conv):
+    """Whether a low_memory Conv2d runs dropit's C++ convolution: its own input, padded with
+    zeros on both sides alike (an odd padding="same" pads one side more: PyTorch's conv runs)."""
+    if conv.padding_mode != "zeros":
+        return False
+    if conv.padding == "same":
+        return all(d * (k - 1) % 2 == 0 for d, k in zip(conv.dilation, conv.kernel_size))
+    return True
+
+
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")  # PyTorch's own
 @pytest.mark.parametrize("name,kw", CONV_CASES, ids=[c[0] for c in CONV_CASES])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("x_grad", [True, False])
-def test_conv2d(name, kw, dtype, x_grad):
+@pytest.mark.parametrize("low_memory", [False, True])
+def test_conv2d(name, kw, dtype, x_grad, low_memory):
     conv = nn.Conv2d(4, 8, **kw).to(dtype)
     plain = copy.deepcopy(conv)
     x = torch.randn(3, 4, 11, 13, dtype=dtype).requires_grad_(x_grad)
     y0, gx0, grads0, g = run(plain, x)
-    dropit.to_dropit(conv, "mink", 0.9)
+    dropit.to_dropit(conv, "mink", 0.9, low_memory=low_memory)
     x1 = x.detach().clone().requires_grad_(x_grad)
     y = conv(x1)
     assert torch.equal(y, y0)
     x_saved, padding = reference.conv_input(conv, x1.detach())
-    assert torch.equal(saved(y, "input"), reference.mink(x_saved, 0.9))
-    assert saved(y, "weight").data_ptr() == conv.weight.data_ptr()
+    kernel = low_memory and conv_routes(conv)
+    assert (y.grad_fn.name() == CONV_NODE) == kernel
+    if not kernel:
+        assert torch.equal(saved(y, "input"), reference.mink(x_saved, 0.9))
+        assert saved(y, "weight").data_ptr() == conv.weight.data_ptr()
     if conv.padding_mode in ("reflect", "replicate") and x_grad:
         # The padding op's backward reads x's shape only: x is saved as a shape.
         assert saved(y, "self").stride() == (0, 0, 0, 0)
     y.backward(g)
     if x_grad:
         torch.testing.assert_close(x1.grad, gx0, rtol=0, atol=0)
-    if conv.bias is not None:
-        assert torch.equal(conv.bias.grad, grads0["bias"])
+    if conv.bias is not None:  # the C++ convolution sums the output gradient itself
+        torch.testing.assert_close(conv.bias.grad, grads0["bias"],
+                                   **(TOL[dtype] if kernel else dict(rtol=0, atol=0)))
     want = reference.conv_weight_grad(conv, reference.mink(x_saved, 0.9), padding, g)
     torch.testing.assert_close(conv.weight.grad, want, **TOL[dtype])
+
+
+def test_low_memory_conv2d_runs_in_pieces():
+    # Forward and backward a few samples at a time: each piece rebuilds its part of the input.
+    conv = nn.Conv2d(3, 5, 3, stride=2, padding=1, dilation=1, groups=1).double()
+    plain = copy.deepcopy(conv)
+    x = torch.randn(9, 3, 12, 10, dtype=torch.float64)
+    y0, gx0, grads0, g = run(plain, x.requires_grad_(True))
+    dropit.to_dropit(conv, "mink", 0.9, low_memory=True)
+    x1 = x.detach().clone().requires_grad_(True)
+    old = dropit._C._chunk_bytes()
+    dropit._C._set_chunk_bytes(2 * 3 * 12 * 10 * 8)  # two samples of input per piece
+    try:
+        y = conv(x1)
+        assert y.grad_fn.name() == CONV_NODE
+        y.backward(g)
+    finally:
+        dropit._C._set_chunk_bytes(old)
+    tol = TOL[torch.float64]
+    torch.testing.assert_close(y, y0, **tol)
+    torch.testing.assert_close(x1.grad, gx0, **tol)
+    torch.testing.assert_close(conv.bias.grad, grads0["bias"], **tol)
+    x_saved, padding = reference.conv_input(conv, x.detach())
+    want = reference.conv_weight_grad(conv, reference.mink(x_saved, 0.9), padding, g)
+    torch.testing.assert_close(conv.weight.grad, want, **tol)
+
+
+def test_low_memory_conv2d_backward_never_holds_the_whole_input():
+    # 8 MiB of input: the hook path's backward restores it whole (and LibTorch's convolution
+    # backward takes its workspace for the whole batch), the C++ convolution goes in 1 MiB pieces.
+    peaks = {}
+    for low_memory in (True, False):
+        torch.manual_seed(0)
+        conv = nn.Conv2d(8, 8, 3, padding=1)
+        dropit.to_dropit(conv, "mink", 0.9, low_memory=low_memory)
+        x = torch.randn(128, 8, 32, 64, requires_grad=True)
+        y = conv(x)
+        assert (y.grad_fn.name() == CONV_NODE) == low_memory
+        g = torch.randn_like(y)
+        with dropit.memory_counter() as counter:
+            start = counter.current_bytes
+            y.backward(g)
+            peaks[low_memory] = counter.peak_bytes - start
+    x_bytes = 128 * 8 * 32 * 64 * 4
+    assert peaks[True] + 0.75 * x_bytes <= peaks[False]
+
+
+def test_low_memory_leaves_what_the_kernel_does_not_take_to_pytorch():
+    conv = nn.Conv2d(4, 8, 3, padding=1)
+    dropit.to_dropit(conv, "mink", 0.9, low_memory=True)
+    with torch.no_grad():
+        assert conv(torch.randn(2, 4, 9, 9)).grad_fn is None
+    y = conv(torch.randn(2, 4, 9, 9, requires_grad=True))
+    assert y.grad_fn.name() == CONV_NODE
+    with pytest.raises(RuntimeError):  # PyTorch's own error for a 5-d input
+        conv(torch.randn(1, 2, 4, 9, 9, requires_grad=True))
+    lossless = nn.Conv2d(4, 8, 3)
+    dropit.to_dropit(lossless, "mink", 0.0, low_memory=True)  # gamma 0: PyTorch's backward
+    assert lossless(torch.randn(2, 4, 9, 9, requires_grad=True)).grad_fn.name() != CONV_NODE
+    assert torch.overrides._len_torch_function_stack() == 0
 
 
 def test_conv2d_channels_last_and_unbatched():
