@@ -439,6 +439,28 @@ def test_low_memory_conv2d_backward_never_holds_the_whole_input():
     assert peaks[True] + 0.75 * x_bytes <= peaks[False]
 
 
+@pytest.mark.parametrize("kw", [dict(codec="int8"), dict(strategy="random", seed=3),
+                                dict(codec="fp8", positions="no_elias_fano"),
+                                dict(layer_gamma={"": 0.5})], ids=["int8", "random", "fp8", "gamma"])
+def test_low_memory_conv2d_reads_what_the_hook_path_reads(kw):
+    # Codecs, Random's per-step seeds and per-layer gamma reach the C++ convolution: the weight
+    # gradient equals the hook path's (one piece: the same convolution backward on the same bytes).
+    conv = nn.Conv2d(4, 8, 3, padding=1).double()
+    hooks, pieces = copy.deepcopy(conv), copy.deepcopy(conv)
+    dropit.to_dropit(hooks, **kw)
+    dropit.to_dropit(pieces, low_memory=True, **kw)
+    x = torch.randn(6, 4, 9, 9, dtype=torch.float64)
+    for _ in range(2):  # Random: a second step draws new positions on both paths alike
+        y0, y = hooks(x), pieces(x)
+        assert y.grad_fn.name() == CONV_NODE and y0.grad_fn.name() != CONV_NODE
+        g = torch.randn_like(y)
+        y0.backward(g)
+        y.backward(g)
+        assert torch.equal(pieces.weight.grad, hooks.weight.grad)
+        hooks.zero_grad(set_to_none=True)
+        pieces.zero_grad(set_to_none=True)
+
+
 def test_low_memory_leaves_what_the_kernel_does_not_take_to_pytorch():
     conv = nn.Conv2d(4, 8, 3, padding=1)
     dropit.to_dropit(conv, "mink", 0.9, low_memory=True)
