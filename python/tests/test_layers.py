@@ -461,6 +461,29 @@ def test_low_memory_conv2d_reads_what_the_hook_path_reads(kw):
         pieces.zero_grad(set_to_none=True)
 
 
+def test_low_memory_conv2d_takes_channels_last_and_unbatched_inputs():
+    conv = nn.Conv2d(4, 8, 3, padding=1).double()
+    hooks, pieces = copy.deepcopy(conv), copy.deepcopy(conv)
+    dropit.to_dropit(hooks, "mink", 0.8)
+    dropit.to_dropit(pieces, "mink", 0.8, low_memory=True)
+    nhwc = torch.randn(2, 4, 9, 9, dtype=torch.float64).to(memory_format=torch.channels_last)
+    for x in (nhwc, torch.randn(4, 9, 9, dtype=torch.float64)):
+        x0, x1 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        y0, y = hooks(x0), pieces(x1)
+        node = y.grad_fn
+        if x.dim() == 3:  # unbatched: a squeeze of the batched call
+            node = node.next_functions[0][0]
+        assert node.name() == CONV_NODE
+        assert torch.equal(y, y0)
+        g = torch.randn_like(y)
+        y0.backward(g)
+        y.backward(g)
+        assert torch.equal(pieces.weight.grad, hooks.weight.grad)  # packed in the same order
+        assert torch.equal(x1.grad, x0.grad)
+        hooks.zero_grad(set_to_none=True)
+        pieces.zero_grad(set_to_none=True)
+
+
 def test_low_memory_leaves_what_the_kernel_does_not_take_to_pytorch():
     conv = nn.Conv2d(4, 8, 3, padding=1)
     dropit.to_dropit(conv, "mink", 0.9, low_memory=True)
