@@ -10,7 +10,9 @@ pack hook hands dropit's C++ library only the tensors it must:
   enters the ``TorchFunctionMode`` below, which routes the layer's own ``F.linear`` (GPT-2's
   ``torch.addmm``) call there. What that function does not take (autocast, a tensor subclass, an
   input computed in the forward, a weight that is no parameter) and a lossless policy (gamma 0,
-  exact values: PyTorch's gradients bit for bit) take the hook path below.
+  exact values: PyTorch's gradients bit for bit) take the hook path below. With
+  ``low_memory=True`` a Conv2d's own ``F.conv2d`` goes the same way (``_C._conv2d``: forward and
+  backward in pieces of samples).
 * Linear / Conv2d / Conv1D through the hooks: the layer's input, and what the layer derives from
   it before its matmul or convolution (a view, an autocast copy, a padded copy). That tensor feeds
   only the weight gradient. Parameters, their views and copies (the weight, an autocast weight)
@@ -292,9 +294,9 @@ def _route_weight_layer(scope, func, args, kwargs):
 class _KernelMode(TorchFunctionMode):
     """Routes ``F.max_pool2d`` (and ``torch.max_pool2d``) while a MaxPool2d layer's forward runs,
     ``F.relu`` (``torch.relu``, ``relu_``) while a ReLU layer's does, and ``F.linear`` /
-    ``torch.addmm`` while a Linear / Conv1D layer's does (``F.conv2d``: a low_memory Conv2d's), to
-    dropit's kernels when a gradient is
-    wanted; every other call runs as it is."""
+    ``torch.addmm`` while a Linear / Conv1D layer's does (``F.conv2d`` while a low_memory
+    Conv2d's does), to dropit's kernels when a gradient is wanted; every other call runs as it
+    is."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -339,7 +341,7 @@ class _Layer:
     """A layer to_dropit selected: what it packs and with which policy."""
 
     __slots__ = ("name", "kind", "policy", "store", "index", "step", "pool", "pad_mode",
-                 "matmul", "__weakref__")
+                 "routes", "__weakref__")
 
     def __init__(self, name, kind, policy, index, module, store=frozenset(), low_memory=False):
         self.name, self.kind, self.policy, self.index, self.step = name, kind, policy, index, 0
@@ -349,7 +351,7 @@ class _Layer:
         # A Linear / Conv1D (low_memory: a Conv2d) whose op may run in dropit's C++ layer: not
         # with a lossless policy (PyTorch's own backward then gives its gradients bit for bit).
         lossy = policy.codec != "exact" or (policy.kind in ("mink", "random") and policy.gamma > 0)
-        self.matmul = (kind == "weight" and lossy
+        self.routes = (kind == "weight" and lossy
                        and (isinstance(module, nn.Linear) or _is_conv1d(module)
                             or (low_memory and isinstance(module, nn.Conv2d))))
         if kind == "pool":
@@ -389,7 +391,7 @@ class _Scope:
         # that a tensor saved twice (or a view of it) is held once. Emptied when the forward ends.
         self.memo = {} if layer.kind == "attention" else None
         self.mode = False  # whether this scope entered _KERNEL_MODE
-        self.route = _ROUTE_WEIGHT_LAYERS and layer.matmul  # enters _KERNEL_MODE for its matmul
+        self.route = _ROUTE_WEIGHT_LAYERS and layer.routes  # enters _KERNEL_MODE for its op
 
     def live(self):
         """Whether this layer's forward is still running on this thread (it is not after an
@@ -694,9 +696,9 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
         store_codec: ``"int8"``, ``"fp8"`` or ``"exact"`` (a dense copy: gradients as PyTorch's).
         layer_gamma: ``{name: gamma}``: a Linear/Conv layer takes the gamma of the longest name
             that is its own or a dotted prefix of it (``""`` matches all), else ``gamma``.
-        low_memory: Conv2d layers also run dropit's C++ convolution (as Linear layers always do),
-            which runs forward and backward in pieces of samples so that no whole rebuilt input
-            exists: a lower peak for a slower step (docs/python.md).
+        low_memory: Conv2d layers also run dropit's C++ convolution (as Linear and Conv1D layers
+            run its matmul), which runs forward and backward in pieces of samples so that no
+            whole rebuilt input exists: a lower peak for a slower step (docs/python.md).
 
     Returns:
         a ``Handle``; ``handle.remove()`` undoes it.
