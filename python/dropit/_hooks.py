@@ -610,8 +610,10 @@ def _kind(module, masks, store=frozenset()):
 
 def _store_classes(store):
     if isinstance(store, str):
-        store = STORE_CLASSES if store == "all" else (store,)
+        store = (store,)
     store = tuple(store)
+    if "all" in store:  # "all" alone or among the classes: every class
+        store = STORE_CLASSES + tuple(c for c in store if c != "all")
     unknown = [c for c in store if c not in STORE_CLASSES]
     if unknown:
         raise _C.Error(
@@ -691,8 +693,8 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
             faster pack and restore, more bytes at high gamma).
         store: classes of the tensors DropIT leaves dense to keep through ``store_codec``:
             any of ``"layernorm"``, ``"gelu"``, ``"softmax"``, ``"matmul"`` (attention modules'
-            matmul inputs), ``"dropout"`` (1 bit per element, exact), or ``"all"``. See the
-            module's docstring for which module saves which.
+            matmul inputs), ``"dropout"`` (1 bit per element, exact), or ``"all"`` (alone or in
+            the sequence). See the module's docstring for which module saves which.
         store_codec: ``"int8"``, ``"fp8"`` or ``"exact"`` (a dense copy: gradients as PyTorch's).
         layer_gamma: ``{name: gamma}``: a Linear/Conv layer takes the gamma of the longest name
             that is its own or a dotted prefix of it (``""`` matches all), else ``gamma``.

@@ -264,11 +264,14 @@ def test_without_store_nothing_changes_and_classes_are_separate():
         assert kinds(h) == ["attention", "relu", "weight"]
     with dropit.to_dropit(net, store="all") as h:
         assert kinds(h) == ["attention", "layernorm", "relu", "weight"]
+    with dropit.to_dropit(net, store=("all",)) as h:  # "all" inside a sequence means the same
+        assert kinds(h) == ["attention", "layernorm", "relu", "weight"]
 
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(store=("layernorm", "attention")), "store names no class of tensors: 'attention'"),
     (dict(store="everything"), "store names no class of tensors: 'everything'"),
+    (dict(store=("all", "everything")), "store names no class of tensors: 'everything'"),
     (dict(store_codec="int4"), "unknown codec 'int4'"),
 ])
 def test_bad_store_arguments_register_nothing(kwargs, message):
