@@ -13,6 +13,9 @@ pack hook hands dropit's C++ library only the tensors it must:
   exact values: PyTorch's gradients bit for bit) take the hook path below. With
   ``low_memory=True`` a Conv2d's own ``F.conv2d`` goes the same way (``_C._conv2d``: forward and
   backward in pieces of samples).
+* nn.MultiheadAttention: its in and out projections (``F.linear`` calls inside its functional
+  forward; ``out_proj``'s own forward never runs) go to the same C++ Linear: the mode runs a copy
+  of ``F.multi_head_attention_forward`` whose ``F.linear`` routes them (``_with_projections``).
 * Linear / Conv2d / Conv1D through the hooks: the layer's input, and what the layer derives from
   it before its matmul or convolution (a view, an autocast copy, a padded copy). That tensor feeds
   only the weight gradient. Parameters, their views and copies (the weight, an autocast weight)
@@ -44,6 +47,7 @@ Everything else passes through unchanged.
 """
 import sys
 import threading
+import types
 import weakref
 
 import torch
@@ -291,6 +295,78 @@ def _route_weight_layer(scope, func, args, kwargs):
         return None
 
 
+def _projection_role(mha, w, b):
+    """"in" or "out" when F.linear(x, w, b) is one of nn.MultiheadAttention `mha`'s projections
+    (its weight a projection weight or a slice of in_proj_weight, its bias the matching one or
+    none), else None."""
+    base = w._base if w._base is not None else w
+    if w is mha.out_proj.weight:
+        role, bias = "out", mha.out_proj.bias
+    elif base is mha.in_proj_weight or any(
+            w is p for p in (mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight)):
+        role, bias = "in", mha.in_proj_bias
+    else:
+        return None
+    if type(w.data) is not torch.Tensor:
+        return None
+    if b is not None and (bias is None or (b is not bias and b._base is not bias)
+                          or b.dim() != 1):
+        return None
+    return role
+
+
+def _projection_linear(input, weight, bias=None):
+    """F.linear inside nn.MultiheadAttention's functional forward (_MHA_FORWARD)."""
+    scope = _live_scope("attention")
+    if scope is not None and scope.route and torch.is_grad_enabled():
+        out = _route_projection(scope, (input, weight, bias), {})
+        if out is not None:
+            return out
+    return F.linear(input, weight, bias)
+
+
+def _with_projections(names):
+    """A copy of F.multi_head_attention_forward (and of the helpers it calls that call
+    F.linear) whose F.linear is `_projection_linear`, or None when this PyTorch has other names.
+    A TorchFunctionMode sees the functional forward as one call (the mode is off while it handles
+    it), so it cannot route the projections inside; this copy can."""
+    scope = dict(vars(F))
+    for name in names:
+        f = getattr(F, name, None)
+        if not isinstance(f, types.FunctionType) or "linear" not in f.__code__.co_names:
+            return None
+        copy = types.FunctionType(f.__code__, scope, f.__name__, f.__defaults__, f.__closure__)
+        copy.__kwdefaults__ = f.__kwdefaults__
+        scope[name] = copy
+    scope["linear"] = _projection_linear
+    return scope[names[0]]
+
+
+def _route_projection(scope, args, kwargs):
+    """An nn.MultiheadAttention's input or output projection (F.linear with the module's own
+    weights, which its functional forward calls) through dropit's C++ Linear, as a Linear
+    layer's: the projection's input saved through the policy, or None (PyTorch's linear runs; the
+    input is saved as it is, or through store="matmul")."""
+    try:
+        x, w, b, _ = _linear_args(*args, **kwargs)
+    except TypeError:
+        return None
+    mha = scope.layer.module()
+    if mha is None or type(x) is not torch.Tensor or not isinstance(w, torch.Tensor):
+        return None
+    role = _projection_role(mha, w, b)
+    policy = scope.layer.projections.get(role)
+    if (policy is None or x.dim() < 2 or w.dim() != 2 or _is_parameter_like(x)
+            or x.device.type != "cpu" or x.layout != torch.strided
+            or x.dtype not in _KERNEL_DTYPES or w.dtype != x.dtype
+            or torch.is_autocast_cpu_enabled()):
+        return None
+    try:
+        return _C._linear(x, w, b, scope.layer.step_policy(policy))
+    except _C.Error:
+        return None
+
+
 class _KernelMode(TorchFunctionMode):
     """Routes ``F.max_pool2d`` (and ``torch.max_pool2d``) while a MaxPool2d layer's forward runs,
     ``F.relu`` (``torch.relu``, ``relu_``) while a ReLU layer's does, and ``F.linear`` /
@@ -307,6 +383,10 @@ class _KernelMode(TorchFunctionMode):
                 if out is not None:
                     return out
             return func(*args, **kwargs)
+        if func is F.multi_head_attention_forward and _MHA_FORWARD is not None:
+            scope = _live_scope("attention")
+            if scope is not None and scope.route and torch.is_grad_enabled():
+                return _MHA_FORWARD(*args, **kwargs)
         inplace = _RELU_FUNCS.get(func)
         if inplace is not None and torch.is_grad_enabled() and _in_layer("relu"):
             try:
@@ -335,23 +415,32 @@ class _KernelMode(TorchFunctionMode):
 
 
 _KERNEL_MODE = _KernelMode()
+_MHA_FORWARD = _with_projections(
+    ("multi_head_attention_forward", "_in_projection_packed", "_in_projection"))
+
+
+def _lossy(policy):
+    return policy.codec != "exact" or (policy.kind in ("mink", "random") and policy.gamma > 0)
 
 
 class _Layer:
     """A layer to_dropit selected: what it packs and with which policy."""
 
     __slots__ = ("name", "kind", "policy", "store", "index", "step", "pool", "pad_mode",
-                 "routes", "__weakref__")
+                 "routes", "module", "projections", "__weakref__")
 
     def __init__(self, name, kind, policy, index, module, store=frozenset(), low_memory=False):
         self.name, self.kind, self.policy, self.index, self.step = name, kind, policy, index, 0
         self.store = store
         self.pool = None
+        self.module = weakref.ref(module)
+        # nn.MultiheadAttention: {"in": policy, "out": policy} of the projections routed to
+        # dropit's C++ Linear (set_projections).
+        self.projections = {}
         self.pad_mode = getattr(module, "padding_mode", "zeros")
         # A Linear / Conv1D (low_memory: a Conv2d) whose op may run in dropit's C++ layer: not
         # with a lossless policy (PyTorch's own backward then gives its gradients bit for bit).
-        lossy = policy.codec != "exact" or (policy.kind in ("mink", "random") and policy.gamma > 0)
-        self.routes = (kind == "weight" and lossy
+        self.routes = (kind == "weight" and _lossy(policy)
                        and (isinstance(module, nn.Linear) or _is_conv1d(module)
                             or (low_memory and isinstance(module, nn.Conv2d))))
         if kind == "pool":
@@ -365,9 +454,16 @@ class _Layer:
                 bool(module.ceil_mode),
             )
 
-    def step_policy(self):
-        """This forward's policy: Random draws new positions per layer and step."""
-        p = self.policy
+    def set_projections(self, projections):
+        """An nn.MultiheadAttention's projections ({"in": policy, "out": policy}; a role left out
+        stays PyTorch's): those with a lossy policy run dropit's C++ Linear."""
+        self.projections = {r: p for r, p in projections.items() if p is not None and _lossy(p)}
+        self.routes = bool(self.projections)
+
+    def step_policy(self, p=None):
+        """This forward's policy (or `p`'s for this call): Random draws new positions per layer
+        and step (an nn.MultiheadAttention's projections: per call)."""
+        p = self.policy if p is None else p
         if p.kind == "random":
             self.step += 1
             mixed = (p.seed + (self.index + 1) * 0x9E3779B97F4A7C15 + self.step) % (1 << 64)
@@ -674,7 +770,9 @@ class Handle:
 def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0, codec="exact",
               positions="smallest", store=(), store_codec="int8", layer_gamma=None,
               low_memory=False):
-    """Makes ``model``'s layers save less for backward, without replacing any module.
+    """Makes ``model``'s layers save less for backward, without replacing any module: the inputs
+    of Linear, Conv2d and GPT-2 Conv1D layers and of nn.MultiheadAttention's projections through
+    the policy, ReLU and MaxPool2d as masks, and the ``store`` classes through ``store_codec``.
 
     Args:
         model: an ``nn.Module``.
@@ -752,15 +850,23 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
                 best = key
         return policy if best is None else layer_policies[best]
 
-    selected, attention = [], []
+    selected, attention, projecting = [], [], set()
 
     def under_attention(name):
         return any(a == "" or name.startswith(a + ".") for a in attention)
 
+    def child(name, attr):
+        return f"{name}.{attr}" if name else attr
+
     for name, module in named:
         kind = _kind(module, masks, store)
+        if kind is None and policy.kind != "none" and isinstance(module, nn.MultiheadAttention):
+            kind = "attention"  # its projections, which its functional forward runs
         if kind is None:
             continue
+        parent = name.rpartition(".")[0]
+        if parent in projecting and name == child(parent, "out_proj"):
+            continue  # never called: its parent routes the F.linear that stands for it
         if excluded(name) or (kind == "weight" and policy.kind == "none"):
             # Left as PyTorch runs it; inside an attention module that packs its saved tensors,
             # that takes a scope that packs nothing.
@@ -769,6 +875,8 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
             kind = "pass"
         if kind == "attention":
             attention.append(name)
+            if policy.kind != "none" and isinstance(module, nn.MultiheadAttention):
+                projecting.add(name)
         if module in _registered:
             raise _C.Error(
                 f"dropit: to_dropit: module '{name}' already has dropit hooks "
@@ -782,6 +890,10 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
         for index, (name, module, kind) in enumerate(selected):
             if kind in _STORE_KINDS:
                 layer = _Layer(name, kind, store_policy, index, module, store)
+                if name in projecting:
+                    out = child(name, "out_proj")
+                    layer.set_projections({"in": policy_of(name),
+                                           "out": None if excluded(out) else policy_of(out)})
             else:
                 layer = _Layer(name, kind, policy_of(name) if kind == "weight" else policy, index,
                                module, low_memory=bool(low_memory))
