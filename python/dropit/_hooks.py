@@ -16,10 +16,11 @@ pack hook hands dropit's C++ library only the tensors it must:
 * nn.MultiheadAttention: its in and out projections (``F.linear`` calls inside its functional
   forward; ``out_proj``'s own forward never runs) go to the same C++ Linear: the mode runs a copy
   of ``F.multi_head_attention_forward`` whose ``F.linear`` routes them (``_with_projections``).
-* Linear / Conv2d / Conv1D through the hooks: the layer's input, and what the layer derives from
-  it before its matmul or convolution (a view, an autocast copy, a padded copy). That tensor feeds
-  only the weight gradient. Parameters, their views and copies (the weight, an autocast weight)
-  are saved as they are, so the input gradient stays exact.
+* Linear / Conv1D / every convolution (Conv1d/2d/3d, ConvTranspose1d/2d/3d) through the hooks: the
+  layer's input, and what the layer derives from it before its matmul or convolution (a view, an
+  autocast copy, a padded copy). That tensor feeds only the weight gradient. Parameters, their
+  views and copies (the weight, an autocast weight) are saved as they are, so the input gradient
+  stays exact.
 * ReLU: it runs through dropit's C++ kernel (``_C._relu``, ``_C._relu_``), which saves 1 bit per
   element and computes the gradient from the bits (no dense tensor in backward); for a tensor
   subclass PyTorch's relu runs and its saved output becomes a 1-bit mask.
@@ -682,8 +683,13 @@ def _is_attention(module):
     return isinstance(module, nn.MultiheadAttention) or type(module).__name__.endswith("Attention")
 
 
+# Layers whose saved input feeds only their weight gradient: Linear and every convolution.
+_WEIGHT_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d,
+                   nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
 def _kind(module, masks, store=frozenset()):
-    if isinstance(module, (nn.Linear, nn.Conv2d)) or _is_conv1d(module):
+    if isinstance(module, _WEIGHT_MODULES) or _is_conv1d(module):
         return "weight"
     if masks and isinstance(module, nn.ReLU):
         return "relu"
@@ -771,8 +777,9 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
               positions="smallest", store=(), store_codec="int8", layer_gamma=None,
               low_memory=False):
     """Makes ``model``'s layers save less for backward, without replacing any module: the inputs
-    of Linear, Conv2d and GPT-2 Conv1D layers and of nn.MultiheadAttention's projections through
-    the policy, ReLU and MaxPool2d as masks, and the ``store`` classes through ``store_codec``.
+    of Linear, GPT-2 Conv1D and convolution layers and of nn.MultiheadAttention's projections
+    through the policy, ReLU and MaxPool2d as masks, and the ``store`` classes through
+    ``store_codec``.
 
     Args:
         model: an ``nn.Module``.

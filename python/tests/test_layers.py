@@ -394,6 +394,63 @@ def test_conv2d(name, kw, dtype, x_grad, low_memory):
     torch.testing.assert_close(conv.weight.grad, want, **TOL[dtype])
 
 
+# ---- the other convolutions (hook path) ----------------------------------------------------
+
+OTHER_CONV_CASES = [
+    ("conv1d", lambda: nn.Conv1d(3, 5, 3, padding=1), (4, 3, 20)),
+    ("conv1d-reflect-dilated", lambda: nn.Conv1d(3, 5, 3, padding=2, dilation=2,
+                                                 padding_mode="reflect"), (4, 3, 20)),
+    ("conv1d-unbatched-stride", lambda: nn.Conv1d(3, 5, 3, stride=2), (3, 20)),
+    ("conv3d-groups", lambda: nn.Conv3d(2, 4, 3, padding=1, groups=2), (2, 2, 6, 5, 6)),
+    ("conv-transpose1d", lambda: nn.ConvTranspose1d(3, 4, 3, stride=2, output_padding=1),
+     (4, 3, 10)),
+    ("conv-transpose2d", lambda: nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, dilation=2),
+     (2, 3, 7, 8)),
+    ("conv-transpose3d-nobias", lambda: nn.ConvTranspose3d(2, 2, 2, stride=2, bias=False),
+     (2, 2, 3, 4, 3)),
+]
+
+
+@pytest.mark.parametrize("name,make,shape", OTHER_CONV_CASES, ids=[c[0] for c in OTHER_CONV_CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("x_grad", [True, False])
+def test_other_convolutions_save_the_sparsified_input(name, make, shape, dtype, x_grad):
+    # Conv1d/3d and the transposed convolutions save their input for the weight gradient only:
+    # packed through the hooks; the oracle is PyTorch's weight gradient of the same layer on
+    # reference.mink of the tensor the convolution reads (the padded copy for a padding mode).
+    torch.manual_seed(2)
+    conv = make().to(dtype)
+    plain = copy.deepcopy(conv)
+    x = torch.randn(shape, dtype=dtype).requires_grad_(x_grad)
+    y0, gx0, grads0, g = run(plain, x)
+    handle = dropit.to_dropit(conv, "mink", 0.9)
+    assert handle.layers == [("", "weight")]
+    x1 = x.detach().clone().requires_grad_(x_grad)
+    y = conv(x1)
+    assert torch.equal(y, y0)
+    assert dropit.live_saved_bytes().sparse > 0
+    y.backward(g)
+    if x_grad:
+        assert torch.equal(x1.grad, gx0)
+    if conv.bias is not None:
+        assert torch.equal(conv.bias.grad, grads0["bias"])
+    oracle = copy.deepcopy(plain)
+    if conv.padding_mode != "zeros":
+        xp = F.pad(x.detach(), oracle._reversed_padding_repeated_twice, mode=conv.padding_mode)
+        ys = F.conv1d(reference.mink(xp, 0.9), oracle.weight, oracle.bias, oracle.stride, 0,
+                      oracle.dilation, oracle.groups)
+    else:
+        ys = oracle(reference.mink(x.detach(), 0.9))
+    (want,) = torch.autograd.grad(ys, oracle.weight, g)
+    torch.testing.assert_close(conv.weight.grad, want, **TOL[dtype])
+    # gamma 0: PyTorch's gradients bit for bit
+    handle.remove()
+    conv.zero_grad(set_to_none=True)
+    with dropit.to_dropit(conv, "mink", 0.0):
+        _, gx, grads, _ = run(conv, x, g)
+    assert all(torch.equal(grads[k], grads0[k]) for k in grads0)
+
+
 def test_low_memory_conv2d_runs_in_pieces():
     # Forward and backward a few samples at a time: each piece rebuilds its part of the input.
     conv = nn.Conv2d(3, 5, 3, stride=2, padding=1, dilation=1, groups=1).double()
