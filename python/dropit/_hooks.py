@@ -42,7 +42,9 @@ With ``store=`` the tensors DropIT leaves dense are kept through a value codec (
   module (``nn.MultiheadAttention``, or any module whose class name ends in "Attention");
 * "matmul": every other activation an attention module saves (the matmuls' inputs: q, k, v and
   what multiplies v), Linear/Conv layers with their own hooks excepted;
-* "dropout": an ``nn.Dropout``'s saved noise (0 or 1 / (1 - p)) as 1 bit per element, exact.
+* "dropout": an ``nn.Dropout``'s saved noise (0 or 1 / (1 - p)) as 1 bit per element, exact;
+* "batchnorm": an ``nn.BatchNorm1d/2d/3d``'s (or SyncBatchNorm's) saved input in training (its
+  batch mean and 1/std stay as they are): in a CNN with DropIT, what its convolutions output.
 
 Everything else passes through unchanged.
 """
@@ -143,7 +145,7 @@ def _same_data(t, x):
 
 
 # The classes of tensors ``store=`` can keep through a codec.
-STORE_CLASSES = ("layernorm", "gelu", "softmax", "matmul", "dropout")
+STORE_CLASSES = ("layernorm", "gelu", "softmax", "matmul", "dropout", "batchnorm")
 
 # Autograd nodes through which a tensor is the same data in another shape.
 _RESHAPE_NODES = _VIEW_NODES | frozenset(["ReshapeAliasBackward0", "CloneBackward0"])
@@ -539,7 +541,7 @@ class _Scope:
         """The store= classes: a dense pack with the store codec, or a dropout's bits."""
         if kind == "pass" or not t.is_floating_point() or t.dim() == 0 or _is_parameter_like(t):
             return t
-        if kind == "layernorm" or kind == "gelu":
+        if kind == "layernorm" or kind == "gelu" or kind == "batchnorm":
             return _C._pack_saved(t, self.policy) if x is not None and _same_data(t, x) else t
         if kind == "softmax":
             return _C._pack_saved(t, self.policy) if _is_softmax_output(t) else t
@@ -673,7 +675,8 @@ def _is_conv1d(module):
     return any(c.__name__ == "Conv1D" for c in type(module).__mro__) and hasattr(module, "nf")
 
 
-_STORE_KINDS = frozenset(["layernorm", "gelu", "softmax", "dropout", "attention", "pass"])
+_STORE_KINDS = frozenset(["layernorm", "gelu", "softmax", "dropout", "batchnorm", "attention",
+                          "pass"])
 _DROPOUTS = tuple(
     c for c in (nn.Dropout, getattr(nn, "Dropout1d", None), nn.Dropout2d, nn.Dropout3d) if c
 )
@@ -699,6 +702,8 @@ def _kind(module, masks, store=frozenset()):
         return None
     if "layernorm" in store and isinstance(module, nn.LayerNorm):
         return "layernorm"
+    if "batchnorm" in store and isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return "batchnorm"
     if "gelu" in store and isinstance(module, nn.GELU):
         return "gelu"
     if "softmax" in store and isinstance(module, nn.Softmax):
@@ -737,8 +742,8 @@ class Handle:
     @property
     def layers(self):
         """``[(name, kind), ...]`` of the hooked layers; kind is "weight", "relu", "pool", or with
-        ``store=``: "layernorm", "gelu", "softmax", "dropout", "attention", "pass" (a layer left
-        dense inside an attention module)."""
+        ``store=``: "layernorm", "gelu", "softmax", "dropout", "batchnorm", "attention", "pass"
+        (a layer left dense inside an attention module)."""
         return [(layer.name, layer.kind) for layer in self._layers]
 
     def remove(self):
@@ -798,8 +803,8 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
             faster pack and restore, more bytes at high gamma).
         store: classes of the tensors DropIT leaves dense to keep through ``store_codec``:
             any of ``"layernorm"``, ``"gelu"``, ``"softmax"``, ``"matmul"`` (attention modules'
-            matmul inputs), ``"dropout"`` (1 bit per element, exact), or ``"all"`` (alone or in
-            the sequence). See the module's docstring for which module saves which.
+            matmul inputs), ``"dropout"`` (1 bit per element, exact), ``"batchnorm"`` (BatchNorm
+            inputs), or ``"all"`` (alone or in the sequence). See the module's docstring for which module saves which.
         store_codec: ``"int8"``, ``"fp8"`` or ``"exact"`` (a dense copy: gradients as PyTorch's).
         layer_gamma: ``{name: gamma}``: a Linear/Conv layer takes the gamma of the longest name
             that is its own or a dotted prefix of it (``""`` matches all), else ``gamma``.

@@ -72,16 +72,22 @@ def test_low_memory_lowers_the_cnn_activation_peak(tmp_path):
     assert int(pieces["activation_bytes"]) < 0.9 * int(hooks["activation_bytes"])
 
 
-def test_transformer_memory_example(capsys):
-    import transformer_memory
+@pytest.mark.parametrize("model", ["transformer", "resnet"])
+def test_held_memory_example(model, capsys):
+    import held_memory
 
-    assert transformer_memory.main(["--layers", "2", "--dim", "64", "--heads", "4", "--ff", "128",
-                                    "--batch", "8", "--seq", "16"]) == 0
+    small = ["--layers", "2", "--dim", "64", "--heads", "4", "--ff", "128", "--seq", "16"]
+    assert held_memory.main(["--model", model, "--batch", "8"] + small) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if " MiB " in line]
     held = [float(r.split("MiB")[0].split()[-1]) for r in rows]
     hooked = [int(r.split()[-1]) for r in rows]
     assert len(held) == 3
-    # MinK on every Linear input and both attention projections holds less; store="all" less again
+    # MinK on every Linear/convolution input and both attention projections holds less;
+    # store="all" less again
     assert held[1] < 0.9 * held[0] and held[2] < 0.6 * held[1]
-    # per layer: the attention, linear1, linear2 (and with store: 2 LayerNorms, 3 Dropouts)
-    assert hooked == [0, 2 * 3, 2 * 8]
+    if model == "transformer":
+        # per layer: the attention, linear1, linear2 (and with store: 2 LayerNorms, 3 Dropouts)
+        assert hooked == [0, 2 * 3, 2 * 8]
+    else:
+        # 20 convolutions, the Linear head, 17 ReLUs (and with store: 20 BatchNorms)
+        assert hooked == [0, 38, 58]

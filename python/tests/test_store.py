@@ -17,7 +17,8 @@ class Mixer(nn.Module):
 
     def __init__(self, dim=48):
         super().__init__()
-        self.fc1 = nn.Linear(dim, 2 * dim)
+        self.fc1 = nn.Linear(dim, 2 * dim, bias=False)  # a BatchNorm follows: no bias to learn
+        self.bn = nn.BatchNorm1d(2 * dim)  # over (batch, channels, tokens)
         self.act = nn.GELU()
         self.drop = nn.Dropout(0.25)
         self.ln = nn.LayerNorm(2 * dim)
@@ -25,7 +26,8 @@ class Mixer(nn.Module):
         self.soft = nn.Softmax(dim=-1)
 
     def forward(self, x):
-        return self.soft(self.fc2(self.ln(self.drop(self.act(self.fc1(x))))))
+        h = self.bn(self.fc1(x).transpose(1, 2)).transpose(1, 2)
+        return self.soft(self.fc2(self.ln(self.drop(self.act(h)))))
 
 
 class Net(nn.Module):
@@ -98,6 +100,8 @@ def stored_class(node, attr, t, params):
     name = type(node).__name__
     if name == "NativeLayerNormBackward0" and attr == "_saved_input":
         return "layernorm"
+    if name == "NativeBatchNormBackward0" and attr == "_saved_input":
+        return "batchnorm"
     if name == "GeluBackward0" and attr == "_saved_self":
         return "gelu"
     if name == "SoftmaxBackward0" and attr == "_saved_result":
@@ -176,7 +180,7 @@ def check_saved(net, store, codec, x, classify=stored_class):
 
 
 @pytest.mark.parametrize("store", [("layernorm",), ("gelu",), ("softmax",), ("matmul",),
-                                   ("softmax", "matmul"), dropit.STORE_CLASSES])
+                                   ("batchnorm",), ("softmax", "matmul"), dropit.STORE_CLASSES])
 @pytest.mark.parametrize("codec", ["int8", "fp8"])
 def test_each_class_stores_what_backward_reads_through_the_codec(store, codec):
     check_saved(Net(), store, codec, torch.randn(3, 10, 48))
