@@ -527,6 +527,8 @@ class _Scope:
                 # bytes, but threshold_backward converts it first (about 3x slower: docs/python.md).
                 return _C._pack_relu(t)
             return t
+        if kind == "mask":
+            return self._pack_mask(t, x)
         # pool: the int64 indices, and the input (read for its shape)
         if t.dtype == torch.int64 and t.dim() >= 3:
             try:
@@ -569,6 +571,28 @@ class _Scope:
         if t.is_contiguous():  # its restore has t's layout: views of it can be rebuilt
             memo[id(t)] = (t, packed)
         return packed
+
+    def _pack_mask(self, t, x):
+        """A LeakyReLU's or a Hardtanh's (ReLU6's) saved input (or, in place, result) t as 1 bit
+        per element: where its backward passes the gradient as is. The bits restore to a tensor
+        that its backward reads the same way: for LeakyReLU 1 where t > 0 and 0 elsewhere
+        (`t > 0 ? g : g * slope`), for Hardtanh(lo, hi) with lo >= 0 (so 0 lies outside) (lo + hi)
+        / 2 where lo < t < hi and 0 elsewhere. A NaN blocks the gradient, as PyTorch 1.13's
+        vectorized hardtanh_backward does (its scalar tail lets it through)."""
+        if not t.is_floating_point() or t.shape != x.shape or _is_parameter_like(t):
+            return t
+        module = self.layer.module()
+        if isinstance(module, nn.LeakyReLU):
+            passes, value = t > 0, 1.0
+        else:
+            lo, hi = float(module.min_val), float(module.max_val)
+            passes, value = (t > lo) & (t < hi), (lo + hi) / 2
+            if float(torch.tensor(value, dtype=t.dtype)) != value or not lo < value < hi:
+                return t  # no value of this dtype lies strictly inside
+        try:
+            return _C._pack_dropout(passes.to(t.dtype).mul_(value))
+        except _C.Error:
+            return t
 
     @staticmethod
     def _pack_noise(t, x):
@@ -698,6 +722,9 @@ def _kind(module, masks, store=frozenset()):
         return "relu"
     if masks and isinstance(module, nn.MaxPool2d):
         return "pool"
+    if masks and (isinstance(module, nn.LeakyReLU) or (
+            isinstance(module, nn.Hardtanh) and module.min_val >= 0)):
+        return "mask"
     if not store:
         return None
     if "layernorm" in store and isinstance(module, nn.LayerNorm):
@@ -741,9 +768,10 @@ class Handle:
 
     @property
     def layers(self):
-        """``[(name, kind), ...]`` of the hooked layers; kind is "weight", "relu", "pool", or with
-        ``store=``: "layernorm", "gelu", "softmax", "dropout", "batchnorm", "attention", "pass"
-        (a layer left dense inside an attention module)."""
+        """``[(name, kind), ...]`` of the hooked layers; kind is "weight", "relu", "pool", "mask"
+        (LeakyReLU, ReLU6 / Hardtanh), or with ``store=``: "layernorm", "gelu", "softmax",
+        "dropout", "batchnorm", "attention", "pass" (a layer left dense inside an attention
+        module)."""
         return [(layer.name, layer.kind) for layer in self._layers]
 
     def remove(self):
@@ -794,7 +822,8 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
         gamma: the fraction dropped, in [0, 1].
         exclude: module names, as in ``model.named_modules()``, left as PyTorch runs them (with
             everything under them), e.g. the first layer and the classifier head.
-        masks: ReLU saves a 1-bit mask, MaxPool2d its window positions (exact).
+        masks: ReLU saves a 1-bit mask, MaxPool2d its window positions, LeakyReLU and ReLU6 /
+            Hardtanh (with 0 outside its range) a 1-bit mask (exact).
         seed: base seed of ``"random"``.
         codec: how the kept values are stored: ``"exact"``, or 8 bits with a scale per 1024
             values, ``"int8"`` (round to nearest) or ``"fp8"`` (e4m3); see the C++ codec.hpp.

@@ -1003,6 +1003,66 @@ def test_relu_mask_restores_as_dtype_and_double_backward_matches(dtype, subclass
     assert torch.equal(a, b)
 
 
+MASK_ACTIVATIONS = [
+    ("relu6", lambda: nn.ReLU6()),
+    ("relu6-inplace", lambda: nn.ReLU6(inplace=True)),
+    ("hardtanh-positive", lambda: nn.Hardtanh(0.5, 2.0)),
+    ("leaky", lambda: nn.LeakyReLU(0.1)),
+    ("leaky-inplace", lambda: nn.LeakyReLU(0.2, inplace=True)),
+]
+
+
+# PyTorch 1.13 has no bfloat16 hardtanh_backward on the CPU: bfloat16 for LeakyReLU only.
+MASK_CASES = [(n, m, d) for n, m in MASK_ACTIVATIONS for d in (torch.float32, torch.float64)] + [
+    (n, m, torch.bfloat16) for n, m in MASK_ACTIVATIONS if n.startswith("leaky")]
+
+
+@pytest.mark.parametrize("name,make,dtype", MASK_CASES,
+                         ids=[f"{c[0]}-{str(c[2])[6:]}" for c in MASK_CASES])
+def test_leaky_relu_and_hardtanh_save_one_bit_and_stay_exact(name, make, dtype):
+    net = nn.Sequential(nn.Linear(8, 64), make(), nn.Linear(64, 3)).to(dtype)
+    plain = copy.deepcopy(net)
+    x = (torch.randn(32, 8) * 4).to(dtype)
+    x[0, :4] = torch.tensor([0.0, 0.5, 2.0, 6.0])  # at the bounds: blocked, as PyTorch's
+    x.requires_grad_(True)
+    with dropit.to_dropit(net, "none") as h:
+        assert dict(h.layers)["1"] == "mask"
+        y = net(x)
+        # the activation's saved tensor as bits: one int32 word per 32 elements
+        assert dropit.live_saved_bytes().masks == 32 * 64 // 8
+        g = torch.randn_like(y)
+        (gx, *grads) = torch.autograd.grad(y, [x] + list(net.parameters()), g)
+    y0 = plain(x)
+    (gx0, *grads0) = torch.autograd.grad(y0, [x] + list(plain.parameters()), g)
+    assert torch.equal(y, y0)
+    assert torch.equal(gx, gx0)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads0))
+
+
+def test_mask_activations_and_nan():
+    x = torch.tensor([float("nan"), -1.0, 1.0, 7.0] * 8, requires_grad=True)
+    act = nn.LeakyReLU(0.1)
+    with dropit.to_dropit(act):
+        (gx,) = torch.autograd.grad(act(x), x, torch.ones(32))
+    (gx0,) = torch.autograd.grad(nn.LeakyReLU(0.1)(x), x, torch.ones(32))
+    assert torch.equal(gx, gx0)  # NaN takes the slope, as in PyTorch
+    # Hardtanh: PyTorch's vectorized kernel blocks a NaN (its scalar tail passes it); the mask
+    # blocks it everywhere
+    act = nn.ReLU6()
+    for n in (32, 33):
+        xn = torch.cat([x.detach(), torch.ones(n - 32)]).requires_grad_(True)
+        with dropit.to_dropit(act):
+            (gx,) = torch.autograd.grad(act(xn), xn, torch.ones(n))
+        want = ((xn > 0) & (xn < 6)).float()
+        assert torch.equal(gx, want)
+
+
+def test_hardtanh_around_zero_is_left_to_pytorch():
+    # Hardtanh(-1, 1) passes the gradient at 0: no 0/value tensor restores its rule; not hooked
+    with dropit.to_dropit(nn.Sequential(nn.Hardtanh(), nn.Hardtanh(-2.0, -0.5))) as h:
+        assert h.layers == []
+
+
 def test_masks_off_leaves_relu_and_pool_alone():
     net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.MaxPool2d(2), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 13 * 13, 2))
     handle = dropit.to_dropit(net, "mink", 0.9, masks=False)
