@@ -833,7 +833,8 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
         store: classes of the tensors DropIT leaves dense to keep through ``store_codec``:
             any of ``"layernorm"``, ``"gelu"``, ``"softmax"``, ``"matmul"`` (attention modules'
             matmul inputs), ``"dropout"`` (1 bit per element, exact), ``"batchnorm"`` (BatchNorm
-            inputs), or ``"all"`` (alone or in the sequence). See the module's docstring for which module saves which.
+            inputs), or ``"all"`` (alone or in the sequence). See the module's docstring for which
+            module saves which.
         store_codec: ``"int8"``, ``"fp8"`` or ``"exact"`` (a dense copy: gradients as PyTorch's).
         layer_gamma: ``{name: gamma}``: a Linear/Conv layer takes the gamma of the longest name
             that is its own or a dotted prefix of it (``""`` matches all), else ``gamma``.
