@@ -33,6 +33,9 @@ pack hook hands dropit's C++ library only the tensors it must:
   int64 indices then become window positions and whose saved input (read by backward for its
   shape only) a shape; so does the input a Conv2d's padding mode pads.
 
+LeakyReLU and ReLU6 / Hardtanh (``min_val >= 0``): their saved input (in place: output) becomes
+1 bit per element, restored as a tensor their backward reads the same way (``_pack_mask``).
+
 With ``store=`` the tensors DropIT leaves dense are kept through a value codec (a dense
 ``Identity`` pack with ``store_codec``), each class on its own:
 
