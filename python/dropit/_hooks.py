@@ -35,6 +35,8 @@ pack hook hands dropit's C++ library only the tensors it must:
 
 LeakyReLU and ReLU6 / Hardtanh (``min_val >= 0``): their saved input (in place: output) becomes
 1 bit per element, restored as a tensor their backward reads the same way (``_pack_mask``).
+Average poolings (AvgPool1d/2d/3d, AdaptiveAvgPool1d/2d/3d): their saved input, a contiguous one,
+becomes its shape (their backward reads nothing else).
 
 With ``store=`` the tensors DropIT leaves dense are kept through a value codec (a dense
 ``Identity`` pack with ``store_codec``), each class on its own:
@@ -84,8 +86,8 @@ def _unpack(obj):
 
 
 class _ShapeOnly:
-    """A saved tensor whose backward reads only its sizes and dtype: MaxPool2d's input, and the
-    input a Conv2d's padding mode pads."""
+    """A saved tensor whose backward reads only its sizes and dtype: MaxPool2d's input, an
+    average pooling's input, and the input a convolution's padding mode pads."""
 
     __slots__ = ("shape", "dtype")
 
@@ -532,6 +534,12 @@ class _Scope:
             return t
         if kind == "mask":
             return self._pack_mask(t, x)
+        if kind == "avgpool":
+            # Its backward reads the input's sizes only. A channels-last input stays as it is:
+            # the gradient takes the saved tensor's memory format, which a shape cannot carry.
+            if t.is_floating_point() and _same_data(t, x) and t.is_contiguous():
+                return _ShapeOnly(t)
+            return t
         # pool: the int64 indices, and the input (read for its shape)
         if t.dtype == torch.int64 and t.dim() >= 3:
             try:
@@ -718,6 +726,11 @@ _WEIGHT_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1
                    nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
+# Average poolings: their backward reads only the input's sizes.
+_AVG_POOLS = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d,
+              nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)
+
+
 def _kind(module, masks, store=frozenset()):
     if isinstance(module, _WEIGHT_MODULES) or _is_conv1d(module):
         return "weight"
@@ -725,6 +738,8 @@ def _kind(module, masks, store=frozenset()):
         return "relu"
     if masks and isinstance(module, nn.MaxPool2d):
         return "pool"
+    if masks and isinstance(module, _AVG_POOLS):
+        return "avgpool"
     if masks and (isinstance(module, nn.LeakyReLU) or (
             isinstance(module, nn.Hardtanh) and module.min_val >= 0)):
         return "mask"
@@ -772,9 +787,9 @@ class Handle:
     @property
     def layers(self):
         """``[(name, kind), ...]`` of the hooked layers; kind is "weight", "relu", "pool", "mask"
-        (LeakyReLU, ReLU6 / Hardtanh), or with ``store=``: "layernorm", "gelu", "softmax",
-        "dropout", "batchnorm", "attention", "pass" (a layer left dense inside an attention
-        module)."""
+        (LeakyReLU, ReLU6 / Hardtanh), "avgpool", or with ``store=``: "layernorm", "gelu",
+        "softmax", "dropout", "batchnorm", "attention", "pass" (a layer left dense inside an
+        attention module)."""
         return [(layer.name, layer.kind) for layer in self._layers]
 
     def remove(self):
@@ -826,7 +841,8 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
         exclude: module names, as in ``model.named_modules()``, left as PyTorch runs them (with
             everything under them), e.g. the first layer and the classifier head.
         masks: ReLU saves a 1-bit mask, MaxPool2d its window positions, LeakyReLU and ReLU6 /
-            Hardtanh (with 0 outside its range) a 1-bit mask (exact).
+            Hardtanh (with 0 outside its range) a 1-bit mask, average poolings their input's
+            shape (all exact).
         seed: base seed of ``"random"``.
         codec: how the kept values are stored: ``"exact"``, or 8 bits with a scale per 1024
             values, ``"int8"`` (round to nearest) or ``"fp8"`` (e4m3); see the C++ codec.hpp.

@@ -1063,6 +1063,40 @@ def test_hardtanh_around_zero_is_left_to_pytorch():
         assert h.layers == []
 
 
+AVG_POOLS = [
+    ("avg2d", lambda: nn.AvgPool2d(2), (2, 3, 8, 8)),
+    ("avg2d-pad-exclusive", lambda: nn.AvgPool2d(3, 2, 1, count_include_pad=False), (2, 3, 9, 9)),
+    ("avg2d-ceil-divisor", lambda: nn.AvgPool2d(3, 2, 1, ceil_mode=True, divisor_override=5),
+     (2, 3, 9, 9)),
+    ("avg2d-unbatched", lambda: nn.AvgPool2d(2), (3, 8, 8)),
+    ("adaptive2d", lambda: nn.AdaptiveAvgPool2d((3, 2)), (2, 3, 7, 5)),
+    ("avg3d", lambda: nn.AvgPool3d(2), (2, 3, 4, 4, 4)),
+    ("adaptive3d", lambda: nn.AdaptiveAvgPool3d(2), (2, 3, 5, 5, 5)),
+]
+
+
+@pytest.mark.parametrize("name,make,shape", AVG_POOLS, ids=[c[0] for c in AVG_POOLS])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_average_poolings_save_only_the_input_shape(name, make, shape, channels_last):
+    pool, plain = make(), make()
+    x = torch.randn(shape)
+    if channels_last and x.dim() == 4:
+        x = x.to(memory_format=torch.channels_last)
+    x.requires_grad_(True)
+    with dropit.to_dropit(pool) as h:
+        assert h.layers == [("", "avgpool")]
+        y = pool(x)
+        node = y.grad_fn
+        shaped = [getattr(node, a) for a in dir(node) if a == "_saved_self"]
+        g = torch.randn_like(y)
+        (gx,) = torch.autograd.grad(y, x, g)
+    (gx0,) = torch.autograd.grad(plain(x), x, g)
+    assert torch.equal(gx, gx0) and gx.stride() == gx0.stride()
+    if shaped:  # a contiguous input is saved as its shape (a zero-stride tensor), else as it is
+        want_shape = x.is_contiguous()
+        assert (shaped[0].stride() == (0,) * x.dim()) == want_shape
+
+
 def test_masks_off_leaves_relu_and_pool_alone():
     net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.MaxPool2d(2), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 13 * 13, 2))
     handle = dropit.to_dropit(net, "mink", 0.9, masks=False)
