@@ -49,7 +49,9 @@ With ``store=`` the tensors DropIT leaves dense are kept through a value codec (
   what multiplies v), Linear/Conv layers with their own hooks excepted;
 * "dropout": an ``nn.Dropout``'s saved noise (0 or 1 / (1 - p)) as 1 bit per element, exact;
 * "batchnorm": an ``nn.BatchNorm1d/2d/3d``'s (or SyncBatchNorm's) saved input in training (its
-  batch mean and 1/std stay as they are): in a CNN with DropIT, what its convolutions output.
+  batch mean and 1/std stay as they are): in a CNN with DropIT, what its convolutions output;
+* "activation": what ``nn.SiLU``, ``Mish``, ``Hardswish``, ``Hardsigmoid``, ``ELU``, ``CELU``,
+  ``Softplus``, ``Tanh`` and ``Sigmoid`` save (their input, or output).
 
 Everything else passes through unchanged.
 """
@@ -150,7 +152,13 @@ def _same_data(t, x):
 
 
 # The classes of tensors ``store=`` can keep through a codec.
-STORE_CLASSES = ("layernorm", "gelu", "softmax", "matmul", "dropout", "batchnorm")
+STORE_CLASSES = ("layernorm", "gelu", "softmax", "matmul", "dropout", "batchnorm", "activation")
+
+# The "activation" class: element-wise activations whose backward reads their input or output
+# whole (ReLU, LeakyReLU and ReLU6 keep masks instead; GELU has its own class). Not SELU: its
+# derivative jumps at 0, where a codec rounds the smallest values.
+_ACTIVATIONS = (nn.SiLU, nn.Mish, nn.Hardswish, nn.Hardsigmoid, nn.ELU, nn.CELU, nn.Softplus,
+                nn.Tanh, nn.Sigmoid)
 
 # Autograd nodes through which a tensor is the same data in another shape.
 _RESHAPE_NODES = _VIEW_NODES | frozenset(["ReshapeAliasBackward0", "CloneBackward0"])
@@ -556,6 +564,8 @@ class _Scope:
             return t
         if kind == "layernorm" or kind == "gelu" or kind == "batchnorm":
             return _C._pack_saved(t, self.policy) if x is not None and _same_data(t, x) else t
+        if kind == "activation":  # its input, a copy of it (in place) or its output
+            return _C._pack_saved(t, self.policy) if x is not None and t.shape == x.shape else t
         if kind == "softmax":
             return _C._pack_saved(t, self.policy) if _is_softmax_output(t) else t
         if kind == "dropout":
@@ -710,8 +720,8 @@ def _is_conv1d(module):
     return any(c.__name__ == "Conv1D" for c in type(module).__mro__) and hasattr(module, "nf")
 
 
-_STORE_KINDS = frozenset(["layernorm", "gelu", "softmax", "dropout", "batchnorm", "attention",
-                          "pass"])
+_STORE_KINDS = frozenset(["layernorm", "gelu", "softmax", "dropout", "batchnorm", "activation",
+                          "attention", "pass"])
 _DROPOUTS = tuple(
     c for c in (nn.Dropout, getattr(nn, "Dropout1d", None), nn.Dropout2d, nn.Dropout3d) if c
 )
@@ -749,6 +759,8 @@ def _kind(module, masks, store=frozenset()):
         return "layernorm"
     if "batchnorm" in store and isinstance(module, nn.modules.batchnorm._BatchNorm):
         return "batchnorm"
+    if "activation" in store and isinstance(module, _ACTIVATIONS):
+        return "activation"
     if "gelu" in store and isinstance(module, nn.GELU):
         return "gelu"
     if "softmax" in store and isinstance(module, nn.Softmax):
@@ -788,8 +800,8 @@ class Handle:
     def layers(self):
         """``[(name, kind), ...]`` of the hooked layers; kind is "weight", "relu", "pool", "mask"
         (LeakyReLU, ReLU6 / Hardtanh), "avgpool", or with ``store=``: "layernorm", "gelu",
-        "softmax", "dropout", "batchnorm", "attention", "pass" (a layer left dense inside an
-        attention module)."""
+        "softmax", "dropout", "batchnorm", "activation", "attention", "pass" (a layer left dense
+        inside an attention module)."""
         return [(layer.name, layer.kind) for layer in self._layers]
 
     def remove(self):
@@ -852,7 +864,8 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
         store: classes of the tensors DropIT leaves dense to keep through ``store_codec``:
             any of ``"layernorm"``, ``"gelu"``, ``"softmax"``, ``"matmul"`` (attention modules'
             matmul inputs), ``"dropout"`` (1 bit per element, exact), ``"batchnorm"`` (BatchNorm
-            inputs), or ``"all"`` (alone or in the sequence). See the module's docstring for which
+            inputs), ``"activation"`` (SiLU, Tanh, ...: what they save), or ``"all"`` (alone or
+            in the sequence). See the module's docstring for which
             module saves which.
         store_codec: ``"int8"``, ``"fp8"`` or ``"exact"`` (a dense copy: gradients as PyTorch's).
         layer_gamma: ``{name: gamma}``: a Linear/Conv layer takes the gamma of the longest name
