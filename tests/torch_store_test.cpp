@@ -92,6 +92,107 @@ TEST_CASE("torch store: layer_norm keeps its input through the codec; exact give
   }
 }
 
+TEST_CASE("torch store: batch_norm keeps its input through the codec; exact gives LibTorch's") {
+  for (const bool running : {true, false}) {
+    CAPTURE(running);
+    torch::manual_seed(2);
+    const auto x0 = torch::randn({6, 5, 7, 7}) * 3 + 1;
+    const auto w0 = torch::randn({5}), b0 = torch::randn({5});
+    const auto g = torch::randn({6, 5, 7, 7});
+    struct result {
+      torch::Tensor y, gx, gw, gb, mean, var;
+    };
+    auto run = [&](const dt::policy& p) {
+      auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true),
+           b = b0.clone().requires_grad_(true);
+      result r{{}, {}, {}, {}, torch::zeros({5}), torch::ones({5})};
+      auto opt = [&](const torch::Tensor& t) {
+        return running ? c10::optional<at::Tensor>(t) : c10::nullopt;
+      };
+      r.y = dt::batch_norm(x, w, b, opt(r.mean), opt(r.var), true, 0.1, 1e-5, p);
+      r.y.backward(g);
+      r.gx = x.grad();
+      r.gw = w.grad();
+      r.gb = b.grad();
+      return r;
+    };
+    const result plain = run(dt::policy{});  // LibTorch's op
+    const result exact = run(store_policy(dropit::value_codec::exact));
+    CHECK(torch::equal(exact.y, plain.y));
+    CHECK(torch::equal(exact.gx, plain.gx));
+    CHECK(torch::equal(exact.gw, plain.gw));
+    CHECK(torch::equal(exact.gb, plain.gb));
+    CHECK(torch::equal(exact.mean, plain.mean));  // running statistics updated alike
+    CHECK(torch::equal(exact.var, plain.var));
+    if (running) CHECK_FALSE(torch::equal(plain.mean, torch::zeros({5})));
+    for (const auto c : quantized_codecs) {
+      CAPTURE(c);
+      const result q = run(store_policy(c));
+      CHECK(torch::equal(q.y, plain.y));  // forward untouched
+      auto [unused, mean, invstd] =
+          at::native_batch_norm(x0, w0, b0, c10::nullopt, c10::nullopt, true, 0.1, 1e-5);
+      auto [ox, ow, ob] =
+          at::native_batch_norm_backward(g, oracle_codec(x0, c), w0, c10::nullopt, c10::nullopt,
+                                         mean, invstd, true, 1e-5, {true, true, true});
+      CHECK(torch::equal(q.gx, ox));
+      CHECK(torch::equal(q.gw, ow));
+      CHECK(torch::equal(q.gb, ob));
+    }
+  }
+}
+
+TEST_CASE("torch store: a BatchNorm2d module keeps LibTorch's statistics and gradients") {
+  namespace nn = torch::nn;
+  for (const bool momentum : {true, false}) {
+    CAPTURE(momentum);
+    auto make = [&] {
+      torch::manual_seed(9);
+      nn::BatchNormOptions bn(8);
+      if (!momentum) bn.momentum(c10::nullopt);  // a cumulative average
+      return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(3, 8, 3)), nn::BatchNorm2d(bn), nn::ReLU(),
+                            nn::Flatten(), nn::Linear(8 * 6 * 6, 4));
+    };
+    auto plain = make(), exact = make(), stored = make();
+    dt::convert_options bn_only;
+    bn_only.store = dt::store_options::parse("batchnorm", dropit::value_codec::exact);
+    const auto report = dt::to_dropit(*exact, dt::policy{}, bn_only);
+    CHECK(report.replaced == 1);
+    REQUIRE(exact->ptr(1)->as<dt::BatchNorm2dImpl>() != nullptr);
+    torch::manual_seed(10);
+    for (int step = 0; step < 3; ++step) {
+      const auto x = torch::randn({5, 3, 8, 8});
+      for (auto* m : {&plain, &exact}) {
+        (*m)->zero_grad();
+        (*m)->forward(x).pow(2).sum().backward();
+      }
+      for (std::size_t i = 0; i < plain->parameters().size(); ++i)
+        CHECK(torch::equal(exact->parameters()[i].grad(), plain->parameters()[i].grad()));
+      for (std::size_t i = 0; i < plain->buffers().size(); ++i)
+        CHECK(torch::equal(exact->buffers()[i], plain->buffers()[i]));
+    }
+    plain->eval();
+    exact->eval();
+    const auto xe = torch::randn({2, 3, 8, 8});
+    CHECK(torch::equal(exact->forward(xe), plain->forward(xe)));  // the running statistics
+    // int8: the input held as one byte per element and a scale per 1024
+    bn_only.store.codec = dropit::value_codec::int8;
+    (void)dt::to_dropit(*stored, dt::policy{}, bn_only);
+    const auto before = dt::live_saved_bytes();
+    const auto y = stored->forward(torch::randn({5, 3, 8, 8}));
+    CHECK(dt::live_saved_bytes().sparse - before.sparse == coded_bytes(5 * 8 * 6 * 6));
+    // clone: parameters and buffers copied, not shared
+    auto* bn = stored->ptr(1)->as<dt::BatchNorm2dImpl>();
+    auto copy = std::dynamic_pointer_cast<dt::BatchNorm2dImpl>(bn->clone());
+    REQUIRE(copy);
+    CHECK(torch::equal(copy->running_mean, bn->running_mean));
+    CHECK_FALSE(copy->running_mean.is_same(bn->running_mean));
+    CHECK(copy->num_batches_tracked.item<std::int64_t>() == 1);
+    std::ostringstream text;
+    text << *bn;
+    CHECK(text.str() == "dropit::torch::BatchNorm2d(8, eps=1e-05, store=int8)");
+  }
+}
+
 TEST_CASE("torch store: gelu and softmax keep their saved tensor through the codec") {
   torch::manual_seed(2);
   const auto x0 = torch::randn({5, 7, 300}) * 2;
@@ -317,7 +418,16 @@ TEST_CASE("torch store: bad input is a dropit::error") {
                        doctest::Contains("shapes do not match"), dropit::error);
   CHECK_THROWS_WITH_AS((void)dt::store_options::parse("layernorm,attention"),
                        doctest::Contains("unknown class 'attention'"), dropit::error);
-  CHECK(dt::to_string(dt::store_options::parse("all")) == "layernorm,gelu,softmax,matmul,dropout");
+  CHECK(dt::to_string(dt::store_options::parse("all")) ==
+        "layernorm,gelu,softmax,matmul,dropout,batchnorm");
+  CHECK_THROWS_WITH_AS(
+      (void)dt::batch_norm(x, c10::nullopt, c10::nullopt, c10::nullopt, c10::nullopt, true, 0.1,
+                           1e-5, make_policy(dt::policy_kind::mink)),
+      doctest::Contains("identity policy with a codec"), dropit::error);
+  CHECK_THROWS_WITH_AS((void)dt::batch_norm(torch::randn({8}, torch::requires_grad()), c10::nullopt,
+                                            c10::nullopt, c10::nullopt, c10::nullopt, true, 0.1,
+                                            1e-5, store_policy(dropit::value_codec::int8)),
+                       doctest::Contains("input must be [N, C, ...]"), dropit::error);
   CHECK_FALSE(dt::store_options::parse("").any());
 }
 

@@ -63,7 +63,7 @@ struct options {
                "[--csv FILE] [--masks on|off] [--fuse-pool-relu on|off] [--mlp gelu|relu] "
                "[--threads T] [--lr LR] [--data "
                "DIR] [--exclude PATH]... [--layer-gamma PATH=G]... [--codec exact|int8|fp8] "
-               "[--store layernorm,gelu,softmax,matmul,dropout|all] "
+               "[--store layernorm,gelu,softmax,matmul,dropout,batchnorm|all] "
                "[--store-codec int8|fp8|exact]\n",
                why.c_str());
   std::exit(2);

@@ -5,7 +5,7 @@ reports MEASURED memory (dropit's counting CPU allocator), accuracy and step tim
 
     fashion_mnist.py --model cnn|vit --impl none|dropit|reference --policy mink|random --gamma G
                      --epochs E --batch-size B --limit N --seed S --csv FILE [--masks on|off]
-                     [--store layernorm|gelu|softmax|matmul|dropout|batchnorm|all ... --store-codec int8|fp8]
+                     [--store layernorm|gelu|softmax|matmul|dropout|batchnorm|activation|all ... --store-codec int8|fp8]
                      [--layer-gamma NAME=G ...] [--low-memory]
                      [--threads T] [--exclude NAME]... [--reference-exclude] [--data DIR]
 

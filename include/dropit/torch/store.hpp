@@ -45,6 +45,7 @@ struct store_options {
   bool softmax = false;    ///< a softmax's saved output (`softmax`, and inside `attention`)
   bool matmul = false;     ///< attention's q, k and v (what its two matmuls save)
   bool dropout = false;    ///< a dropout's noise as 1 bit per element (exact, any codec)
+  bool batchnorm = false;  ///< BatchNorm's saved input in training (batch mean, 1/std exact)
 
   /// @brief Every class on, with codec c.
   [[nodiscard]] static store_options all(value_codec c = value_codec::int8);
@@ -56,7 +57,7 @@ struct store_options {
                                            value_codec c = value_codec::int8);
   /// @brief Whether any class is on.
   [[nodiscard]] bool any() const noexcept {
-    return layernorm || gelu || softmax || matmul || dropout;
+    return layernorm || gelu || softmax || matmul || dropout || batchnorm;
   }
   /// @brief The pack of a class: a dense `identity` pack with `codec` when on, else `none`.
   [[nodiscard]] policy policy_for(bool on) const noexcept {
@@ -80,6 +81,20 @@ struct store_options {
                                     const c10::optional<at::Tensor>& weight,
                                     const c10::optional<at::Tensor>& bias, double eps,
                                     const policy& store);
+
+/**
+ * @brief `at::batch_norm` whose saved input is packed with `store` (as `layer_norm`) when
+ * `training` (batch statistics; `running_mean` / `running_var`, if given, updated with `momentum`
+ * as LibTorch does). Gradients of x, weight and bias from LibTorch's `native_batch_norm_backward`
+ * on the restored input. Not training, or `store` none: LibTorch's plain op.
+ * @throw dropit::error for a non-CPU tensor, an input without a channel dimension (under 2-d) or
+ * a `mink`/`random` policy; from backward under `create_graph`.
+ */
+[[nodiscard]] at::Tensor batch_norm(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                                    const c10::optional<at::Tensor>& bias,
+                                    const c10::optional<at::Tensor>& running_mean,
+                                    const c10::optional<at::Tensor>& running_var, bool training,
+                                    double momentum, double eps, const policy& store);
 
 /// @brief `at::gelu` whose saved input is packed with `store` (as `layer_norm`).
 [[nodiscard]] at::Tensor gelu(const at::Tensor& x, const policy& store,

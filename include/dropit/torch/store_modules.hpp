@@ -1,8 +1,9 @@
 /**
  * @file store_modules.hpp
  * @brief Modules that keep the tensors DropIT leaves dense through a codec (store.hpp):
- * `LayerNorm`, `GELU`, `Softmax`, `Dropout` (drop-in for LibTorch's, parameters shared when made
- * from one) and `SoftmaxAttention` (`softmax(q k^T) v`, for attention code written by hand).
+ * `LayerNorm`, `BatchNorm2d`, `GELU`, `Softmax`, `Dropout` (drop-in for LibTorch's, parameters
+ * shared when made from one) and `SoftmaxAttention` (`softmax(q k^T) v`, for attention code written
+ * by hand).
  *
  * Each holds `store_options` and uses its own class of them (LayerNorm: `layernorm`; attention:
  * `softmax` and `matmul`; ...); all off by default, so a module behaves as LibTorch's until
@@ -14,8 +15,10 @@
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>  // the standard module BatchNorm2dImpl replaces
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/normalization.h>
+#include <torch/nn/options/batchnorm.h>
 #include <torch/nn/pimpl.h>
 
 #include <memory>
@@ -53,6 +56,34 @@ class LayerNormImpl : public ::torch::nn::LayerNormImpl, public store_layer {
   [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
       const c10::optional<c10::Device>& device = c10::nullopt) const override;
   void pretty_print(std::ostream& stream) const override;
+};
+
+/**
+ * @brief `torch::nn::BatchNorm2d` whose saved input follows `store_options::batchnorm` in
+ * training: the same options, parameters and buffers (`weight`, `bias`, `running_mean`,
+ * `running_var`, `num_batches_tracked`, so `state_dict`s match) and the same forward, running
+ * statistics included. Not a subclass of LibTorch's module: LibTorch 1.13 does not export the
+ * members of `BatchNormImplBase` a subclass links against.
+ */
+class BatchNorm2dImpl : public ::torch::nn::Cloneable<BatchNorm2dImpl>, public store_layer {
+ public:
+  explicit BatchNorm2dImpl(const ::torch::nn::BatchNormOptions& options,
+                           const store_options& s = {});
+  /// @brief Shares `other`'s options, parameters and buffers.
+  explicit BatchNorm2dImpl(const ::torch::nn::BatchNorm2dImpl& other, const store_options& s = {});
+
+  /// @brief Fresh parameters (weight 1, bias 0) and statistics (mean 0, variance 1, count 0).
+  void reset() override;
+  /// @brief [N, C, H, W] -> [N, C, H, W], as `torch::nn::BatchNorm2d`.
+  at::Tensor forward(const at::Tensor& input);
+  void pretty_print(std::ostream& stream) const override;
+
+  ::torch::nn::BatchNormOptions options;  ///< as LibTorch's module
+  at::Tensor weight;                      ///< [C], affine only
+  at::Tensor bias;                        ///< [C], affine only
+  at::Tensor running_mean;                ///< [C], with track_running_stats
+  at::Tensor running_var;                 ///< [C], with track_running_stats
+  at::Tensor num_batches_tracked;         ///< scalar int64, with track_running_stats
 };
 
 /// @brief `torch::nn::GELU` whose saved input follows `store_options::gelu`.
@@ -111,6 +142,12 @@ class LayerNorm : public ::torch::nn::ModuleHolder<LayerNormImpl> {
  public:
   using ::torch::nn::ModuleHolder<LayerNormImpl>::ModuleHolder;
   using Impl = LayerNormImpl;  ///< the module type
+};
+/// @brief Holder of `BatchNorm2dImpl`.
+class BatchNorm2d : public ::torch::nn::ModuleHolder<BatchNorm2dImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<BatchNorm2dImpl>::ModuleHolder;
+  using Impl = BatchNorm2dImpl;  ///< the module type
 };
 /// @brief Holder of `GELUImpl`.
 class GELU : public ::torch::nn::ModuleHolder<GELUImpl> {

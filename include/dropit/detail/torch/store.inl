@@ -20,7 +20,7 @@ namespace dropit::torch {
 inline store_options store_options::all(value_codec c) {
   store_options s;
   s.codec = c;
-  s.layernorm = s.gelu = s.softmax = s.matmul = s.dropout = true;
+  s.layernorm = s.gelu = s.softmax = s.matmul = s.dropout = s.batchnorm = true;
   return s;
 }
 
@@ -42,9 +42,11 @@ inline store_options store_options::parse(std::string_view classes, value_codec 
       s.matmul = true;
     } else if (name == "dropout") {
       s.dropout = true;
+    } else if (name == "batchnorm") {
+      s.batchnorm = true;
     } else {
       DROPIT_EXPECTS(false, "torch::store_options: unknown class '", std::string(name),
-                     "' (layernorm, gelu, softmax, matmul, dropout, all)");
+                     "' (layernorm, gelu, softmax, matmul, dropout, batchnorm, all)");
     }
     classes = comma == std::string_view::npos ? std::string_view{} : classes.substr(comma + 1);
   }
@@ -53,11 +55,12 @@ inline store_options store_options::parse(std::string_view classes, value_codec 
 
 inline std::string to_string(const store_options& s) {
   std::string out;
-  const std::array<std::pair<bool, const char*>, 5> classes{{{s.layernorm, "layernorm"},
+  const std::array<std::pair<bool, const char*>, 6> classes{{{s.layernorm, "layernorm"},
                                                              {s.gelu, "gelu"},
                                                              {s.softmax, "softmax"},
                                                              {s.matmul, "matmul"},
-                                                             {s.dropout, "dropout"}}};
+                                                             {s.dropout, "dropout"},
+                                                             {s.batchnorm, "batchnorm"}}};
   for (const auto& [on, name] : classes) {
     if (!on) continue;
     if (!out.empty()) out += ',';
@@ -134,6 +137,36 @@ struct layer_norm_fn : ::torch::autograd::Function<layer_norm_fn> {
         at::native_layer_norm_backward(grads[0], x, ctx->saved_data["shape"].toIntVector(), s[1],
                                        s[2], optional_of(s[3]), optional_of(s[4]), mask);
     return {gx, gw, gb, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct batch_norm_fn : ::torch::autograd::Function<batch_norm_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const c10::optional<at::Tensor>& w, const c10::optional<at::Tensor>& b,
+                            const c10::optional<at::Tensor>& running_mean,
+                            const c10::optional<at::Tensor>& running_var, double momentum,
+                            double eps, const policy& p) {
+    // Batch statistics; the running ones (if any) are updated in place, as LibTorch's op does.
+    auto [y, mean, invstd] =
+        at::native_batch_norm(x, w, b, running_mean, running_var, /*training=*/true, momentum, eps);
+    ctx->save_for_backward({save_packed(x, p), mean, invstd, w.value_or(at::Tensor())});
+    ctx->saved_data["x_sizes"] = x.sizes();
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["has_bias"] = b.has_value() && b->defined();
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    refuse_create_graph("batch_norm");
+    const variable_list s = ctx->get_saved_variables();
+    const at::Tensor x = restore_packed(s[0], ctx->saved_data["x_sizes"].toIntVector());
+    const std::array<bool, 3> mask{
+        ctx->needs_input_grad(0), s[3].defined() && ctx->needs_input_grad(1),
+        ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)};
+    auto [gx, gw, gb] = at::native_batch_norm_backward(grads[0], x, optional_of(s[3]), c10::nullopt,
+                                                       c10::nullopt, s[1], s[2], /*train=*/true,
+                                                       ctx->saved_data["eps"].toDouble(), mask);
+    return {gx, gw, gb, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -272,6 +305,23 @@ inline at::Tensor layer_norm(const at::Tensor& x, at::IntArrayRef normalized_sha
   }
   detail::check_packable(x, "layer_norm");
   return detail::layer_norm_fn::apply(x, weight, bias, normalized_shape.vec(), eps, store);
+}
+
+inline at::Tensor batch_norm(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                             const c10::optional<at::Tensor>& bias,
+                             const c10::optional<at::Tensor>& running_mean,
+                             const c10::optional<at::Tensor>& running_var, bool training,
+                             double momentum, double eps, const policy& store) {
+  detail::check_store(store, "batch_norm");
+  const at::Tensor w = weight.value_or(at::Tensor()), b = bias.value_or(at::Tensor());
+  if (!training || !detail::wants_store(store, x, w, b)) {
+    return at::batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps,
+                          at::globalContext().userEnabledCuDNN());
+  }
+  DROPIT_EXPECTS(x.dim() >= 2, "torch::batch_norm: input must be [N, C, ...], got ", x.dim(), "-d");
+  detail::check_packable(x, "batch_norm");
+  return detail::batch_norm_fn::apply(x, weight, bias, running_mean, running_var, momentum, eps,
+                                      store);
 }
 
 inline at::Tensor gelu(const at::Tensor& x, const policy& store, const std::string& approximate) {

@@ -46,6 +46,63 @@ inline void LayerNormImpl::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
+// ---- BatchNorm2d ---------------------------------------------------------------------------
+
+inline BatchNorm2dImpl::BatchNorm2dImpl(const ::torch::nn::BatchNormOptions& options,
+                                        const store_options& s)
+    : store_layer(s), options(options) {
+  reset();
+}
+
+inline BatchNorm2dImpl::BatchNorm2dImpl(const ::torch::nn::BatchNorm2dImpl& other,
+                                        const store_options& s)
+    : store_layer(s), options(other.options) {
+  // The same tensors under the same names: the standard module's parameters and statistics.
+  weight = register_parameter("weight", other.weight, other.weight.defined());
+  bias = register_parameter("bias", other.bias, other.bias.defined());
+  running_mean = register_buffer("running_mean", other.running_mean);
+  running_var = register_buffer("running_var", other.running_var);
+  num_batches_tracked = register_buffer("num_batches_tracked", other.num_batches_tracked);
+  train(other.is_training());
+}
+
+inline void BatchNorm2dImpl::reset() {
+  const std::int64_t c = options.num_features();
+  const bool affine = options.affine(), stats = options.track_running_stats();
+  weight = register_parameter("weight", affine ? ::torch::ones({c}) : at::Tensor(), affine);
+  bias = register_parameter("bias", affine ? ::torch::zeros({c}) : at::Tensor(), affine);
+  running_mean = register_buffer("running_mean", stats ? ::torch::zeros({c}) : at::Tensor());
+  running_var = register_buffer("running_var", stats ? ::torch::ones({c}) : at::Tensor());
+  num_batches_tracked = register_buffer("num_batches_tracked",
+                                        stats ? ::torch::tensor(0, ::torch::kLong) : at::Tensor());
+}
+
+inline at::Tensor BatchNorm2dImpl::forward(const at::Tensor& input) {
+  DROPIT_EXPECTS(input.dim() == 4, "torch::BatchNorm2d: expected a 4-d input, got ", input.dim(),
+                 "-d");
+  // LibTorch's module: the average factor is momentum, or with none a cumulative average; batch
+  // statistics in training or without running ones.
+  double factor = options.momentum().value_or(0.0);
+  if (is_training() && options.track_running_stats() && num_batches_tracked.defined()) {
+    num_batches_tracked += 1;
+    if (!options.momentum().has_value()) factor = 1.0 / num_batches_tracked.item<double>();
+  }
+  auto opt = [](const at::Tensor& t) {
+    return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt;
+  };
+  const policy p = is_training() ? store_.policy_for(store_.batchnorm) : policy{};
+  return dropit::torch::batch_norm(
+      input, opt(weight), opt(bias), opt(running_mean), opt(running_var),
+      is_training() || !options.track_running_stats(), factor, options.eps(), p);
+}
+
+inline void BatchNorm2dImpl::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::BatchNorm2d(" << options.num_features() << ", eps=" << options.eps()
+         << ", ";
+  print_store(stream, store_.batchnorm);
+  stream << ")";
+}
+
 // ---- GELU ----------------------------------------------------------------------------------
 
 inline GELUImpl::GELUImpl(const ::torch::nn::GELUOptions& options, const store_options& s)
