@@ -323,7 +323,7 @@ def _projection_role(mha, w, b):
         role, bias = "in", mha.in_proj_bias
     else:
         return None
-    if type(w.data) is not torch.Tensor:
+    if type(w) not in (torch.Tensor, nn.Parameter):  # a tensor subclass: PyTorch's linear
         return None
     if b is not None and (bias is None or (b is not bias and b._base is not bias)
                           or b.dim() != 1):
@@ -865,8 +865,7 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
             any of ``"layernorm"``, ``"gelu"``, ``"softmax"``, ``"matmul"`` (attention modules'
             matmul inputs), ``"dropout"`` (1 bit per element, exact), ``"batchnorm"`` (BatchNorm
             inputs), ``"activation"`` (SiLU, Tanh, ...: what they save), or ``"all"`` (alone or
-            in the sequence). See the module's docstring for which
-            module saves which.
+            in the sequence). See the module's docstring for which module saves which.
         store_codec: ``"int8"``, ``"fp8"`` or ``"exact"`` (a dense copy: gradients as PyTorch's).
         layer_gamma: ``{name: gamma}``: a Linear/Conv layer takes the gamma of the longest name
             that is its own or a dotted prefix of it (``""`` matches all), else ``gamma``.
