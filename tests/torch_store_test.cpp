@@ -190,6 +190,12 @@ TEST_CASE("torch store: a BatchNorm2d module keeps LibTorch's statistics and gra
     std::ostringstream text;
     text << *bn;
     CHECK(text.str() == "dropit::torch::BatchNorm2d(8, eps=1e-05, store=int8)");
+    // a frozen BatchNorm stays frozen when replaced
+    auto frozen = make();
+    frozen->ptr(1)->as<nn::BatchNorm2dImpl>()->weight.requires_grad_(false);
+    (void)dt::to_dropit(*frozen, dt::policy{}, bn_only);
+    CHECK_FALSE(frozen->ptr(1)->as<dt::BatchNorm2dImpl>()->weight.requires_grad());
+    CHECK(frozen->ptr(1)->as<dt::BatchNorm2dImpl>()->bias.requires_grad());
   }
 }
 

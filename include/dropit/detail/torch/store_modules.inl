@@ -57,9 +57,11 @@ inline BatchNorm2dImpl::BatchNorm2dImpl(const ::torch::nn::BatchNormOptions& opt
 inline BatchNorm2dImpl::BatchNorm2dImpl(const ::torch::nn::BatchNorm2dImpl& other,
                                         const store_options& s)
     : store_layer(s), options(other.options) {
-  // The same tensors under the same names: the standard module's parameters and statistics.
-  weight = register_parameter("weight", other.weight, other.weight.defined());
-  bias = register_parameter("bias", other.bias, other.bias.defined());
+  // The same tensors under the same names: the standard module's parameters (frozen ones stay
+  // frozen) and statistics.
+  weight = register_parameter("weight", other.weight,
+                              other.weight.defined() && other.weight.requires_grad());
+  bias = register_parameter("bias", other.bias, other.bias.defined() && other.bias.requires_grad());
   running_mean = register_buffer("running_mean", other.running_mean);
   running_var = register_buffer("running_var", other.running_var);
   num_batches_tracked = register_buffer("num_batches_tracked", other.num_batches_tracked);
