@@ -89,13 +89,12 @@ inline at::Tensor BatchNorm2dImpl::forward(const at::Tensor& input) {
     num_batches_tracked += 1;
     if (!options.momentum().has_value()) factor = 1.0 / num_batches_tracked.item<double>();
   }
-  auto opt = [](const at::Tensor& t) {
-    return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt;
-  };
+  using detail::optional_of;
   const policy p = is_training() ? store_.policy_for(store_.batchnorm) : policy{};
-  return dropit::torch::batch_norm(
-      input, opt(weight), opt(bias), opt(running_mean), opt(running_var),
-      is_training() || !options.track_running_stats(), factor, options.eps(), p);
+  return dropit::torch::batch_norm(input, optional_of(weight), optional_of(bias),
+                                   optional_of(running_mean), optional_of(running_var),
+                                   is_training() || !options.track_running_stats(), factor,
+                                   options.eps(), p);
 }
 
 inline void BatchNorm2dImpl::pretty_print(std::ostream& stream) const {
