@@ -55,6 +55,7 @@ With ``store=`` the tensors DropIT leaves dense are kept through a value codec (
 
 Everything else passes through unchanged.
 """
+import functools
 import sys
 import threading
 import types
@@ -283,6 +284,15 @@ _WEIGHT_FUNCS = {F.linear: (_linear_args, _C._linear, 2), torch.addmm: (_addmm_a
                  F.conv2d: (_conv2d_args, _C._conv2d, 4)}
 
 
+def _kernel_takes(x, w):
+    """Whether dropit's C++ Linear / Conv kernels take input x with weight w: x a plain CPU
+    strided tensor (not a parameter or a view of one) of a kernel dtype, w of the same dtype, and
+    no autocast (whose casts PyTorch's own op applies)."""
+    return (type(x) is torch.Tensor and not _is_parameter_like(x) and x.device.type == "cpu"
+            and x.layout == torch.strided and x.dtype in _KERNEL_DTYPES and w.dtype == x.dtype
+            and not torch.is_autocast_cpu_enabled())
+
+
 def _route_weight_layer(scope, func, args, kwargs):
     """A Linear / Conv1D layer's own matmul (a low_memory Conv2d's convolution) through dropit's
     C++ function (its backward rebuilds the input in pieces of rows / samples), or None: the call
@@ -298,12 +308,9 @@ def _route_weight_layer(scope, func, args, kwargs):
         return None
     x, w, b, extra = bound
     x_in = scope.x() if scope.x is not None else None
-    if (x_in is None or type(x) is not torch.Tensor or type(w) is not nn.Parameter
+    if (x_in is None or type(w) is not nn.Parameter
             or (b is not None and (type(b) is not nn.Parameter or b.dim() != 1))
-            or w.dim() != weight_dims or not _same_data(x, x_in) or _is_parameter_like(x)
-            or x.device.type != "cpu" or x.layout != torch.strided
-            or x.dtype not in _KERNEL_DTYPES or w.dtype != x.dtype
-            or torch.is_autocast_cpu_enabled()):
+            or w.dim() != weight_dims or not _kernel_takes(x, w) or not _same_data(x, x_in)):
         return None
     try:
         return run(x, w, b, *extra, scope.policy)
@@ -368,14 +375,11 @@ def _route_projection(scope, args, kwargs):
     except TypeError:
         return None
     mha = scope.layer.module()
-    if mha is None or type(x) is not torch.Tensor or not isinstance(w, torch.Tensor):
+    if mha is None or not isinstance(w, torch.Tensor):
         return None
     role = _projection_role(mha, w, b)
     policy = scope.layer.projections.get(role)
-    if (policy is None or x.dim() < 2 or w.dim() != 2 or _is_parameter_like(x)
-            or x.device.type != "cpu" or x.layout != torch.strided
-            or x.dtype not in _KERNEL_DTYPES or w.dtype != x.dtype
-            or torch.is_autocast_cpu_enabled()):
+    if policy is None or not _kernel_takes(x, w) or x.dim() < 2 or w.dim() != 2:
         return None
     try:
         return _C._linear(x, w, b, scope.layer.step_policy(policy))
@@ -607,9 +611,10 @@ class _Scope:
             passes, value = t > 0, 1.0
         else:
             lo, hi = float(module.min_val), float(module.max_val)
-            passes, value = (t > lo) & (t < hi), (lo + hi) / 2
-            if float(torch.tensor(value, dtype=t.dtype)) != value or not lo < value < hi:
-                return t  # no value of this dtype lies strictly inside
+            value = _inner_midpoint(lo, hi, t.dtype)
+            if value is None:
+                return t
+            passes = (t > lo) & (t < hi)
         try:
             return _C._pack_dropout(passes.to(t.dtype).mul_(value))
         except _C.Error:
@@ -635,6 +640,16 @@ class _Scope:
         # No autograd history: a copy of x when x needs no gradient (then only the weight
         # gradient, which reads x, is computed); else a frozen parameter's copy.
         return not t.requires_grad and not self.x_requires_grad
+
+
+@functools.lru_cache(maxsize=None)
+def _inner_midpoint(lo, hi, dtype):
+    """(lo + hi) / 2 when it is exact in `dtype` and lies strictly between lo and hi (what a
+    Hardtanh mask restores to where the gradient passes), else None."""
+    value = (lo + hi) / 2
+    if float(torch.tensor(value, dtype=dtype)) != value or not lo < value < hi:
+        return None
+    return value
 
 
 def _stack():
