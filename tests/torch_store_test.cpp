@@ -199,6 +199,66 @@ TEST_CASE("torch store: a BatchNorm2d module keeps LibTorch's statistics and gra
   }
 }
 
+TEST_CASE("torch store: BatchNorm1d and BatchNorm3d are replaced and match LibTorch's") {
+  namespace nn = torch::nn;
+  dt::convert_options bn_only;
+  bn_only.store = dt::store_options::parse("batchnorm", dropit::value_codec::exact);
+  // (input shape, the model): BatchNorm1d on [N, C] and [N, C, L], BatchNorm3d on [N, C, D, H, W]
+  const auto bn1d = [] { return nn::Sequential(nn::Linear(6, 5), nn::BatchNorm1d(5), nn::Tanh()); };
+  const auto bn1d_seq = [] {
+    return nn::Sequential(nn::Conv1d(nn::Conv1dOptions(3, 5, 3)), nn::BatchNorm1d(5), nn::Tanh());
+  };
+  const auto bn3d = [] {
+    return nn::Sequential(nn::Conv3d(nn::Conv3dOptions(3, 5, 3)), nn::BatchNorm3d(5), nn::Tanh());
+  };
+  struct model_case {
+    std::vector<std::int64_t> shape;
+    std::function<nn::Sequential()> make;
+    const char* name;
+  };
+  for (const auto& [shape, make, name] :
+       {model_case{{7, 6}, bn1d, "dropit::torch::BatchNorm1d(5, eps=1e-05, store=exact)"},
+        model_case{{4, 3, 9}, bn1d_seq, "dropit::torch::BatchNorm1d(5, eps=1e-05, store=exact)"},
+        model_case{
+            {2, 3, 5, 6, 4}, bn3d, "dropit::torch::BatchNorm3d(5, eps=1e-05, store=exact)"}}) {
+    CAPTURE(shape.size());
+    torch::manual_seed(4);
+    auto plain = make();
+    torch::manual_seed(4);
+    auto stored = make();
+    CHECK(dt::to_dropit(*stored, dt::policy{}, bn_only).replaced == 1);
+    std::ostringstream text;
+    text << *stored->ptr(1);
+    CHECK(text.str() == name);
+    torch::manual_seed(5);
+    for (int step = 0; step < 2; ++step) {
+      const auto x = torch::randn(shape);
+      for (auto* m : {&plain, &stored}) {
+        (*m)->zero_grad();
+        (*m)->forward(x).pow(2).sum().backward();
+      }
+      for (std::size_t i = 0; i < plain->parameters().size(); ++i)
+        CHECK(torch::equal(stored->parameters()[i].grad(), plain->parameters()[i].grad()));
+      for (std::size_t i = 0; i < plain->buffers().size(); ++i)
+        CHECK(torch::equal(stored->buffers()[i], plain->buffers()[i]));
+    }
+    plain->eval();
+    stored->eval();
+    const auto xe = torch::randn(shape);
+    CHECK(torch::equal(stored->forward(xe), plain->forward(xe)));
+  }
+  // the ranks LibTorch's modules refuse, refused with the expected ones named
+  dt::BatchNorm1d one(5);
+  dt::BatchNorm3d three(5);
+  CHECK_THROWS_WITH_AS(one(torch::randn({2, 5, 3, 3})),
+                       doctest::Contains("BatchNorm1d: expected a 2-d or 3-d input, got 4-d"),
+                       dropit::error);
+  CHECK_THROWS_WITH_AS(three(torch::randn({2, 5, 3, 3})),
+                       doctest::Contains("BatchNorm3d: expected a 5-d input, got 4-d"),
+                       dropit::error);
+  CHECK_THROWS_AS(dt::BatchNorm2d(5)(torch::randn({2, 5, 3})), dropit::error);
+}
+
 TEST_CASE("torch store: gelu and softmax keep their saved tensor through the codec") {
   torch::manual_seed(2);
   const auto x0 = torch::randn({5, 7, 300}) * 2;

@@ -40,9 +40,10 @@ struct convert_options {
   /// for gradient penalties.
   bool fuse_pool_relu = true;
   /// The dense saved tensors to keep through a codec (store.hpp): every dropit store module
-  /// (`LayerNorm`, `BatchNorm2d`, `GELU`, `Softmax`, `Dropout`, `SoftmaxAttention`) gets these
-  /// options, and with `replace` the standard `LayerNorm`, `BatchNorm2d`, `GELU`, `Softmax` and
-  /// `Dropout` children of containers whose class is on are replaced. Off by default.
+  /// (`LayerNorm`, `BatchNorm1d/2d/3d`, `GELU`, `Softmax`, `Dropout`, `SoftmaxAttention`) gets
+  /// these options, and with `replace` the standard `LayerNorm`, `BatchNorm1d/2d/3d`, `GELU`,
+  /// `Softmax` and `Dropout` children of containers whose class is on are replaced. Off by
+  /// default.
   store_options store{};
   /// Layers to leave out, by dotted path ("features.3") and module. A Linear or Conv2d there is
   /// still replaced (a dropit Linear, Conv2d, Conv1D there takes the policy) and marked

@@ -1,9 +1,9 @@
 /**
  * @file store_modules.hpp
  * @brief Modules that keep the tensors DropIT leaves dense through a codec (store.hpp):
- * `LayerNorm`, `BatchNorm2d`, `GELU`, `Softmax`, `Dropout` (drop-in for LibTorch's, parameters
- * shared when made from one) and `SoftmaxAttention` (`softmax(q k^T) v`, for attention code written
- * by hand).
+ * `LayerNorm`, `BatchNorm1d/2d/3d`, `GELU`, `Softmax`, `Dropout` (drop-in for LibTorch's,
+ * parameters shared when made from one) and `SoftmaxAttention` (`softmax(q k^T) v`, for attention
+ * code written by hand).
  *
  * Each holds `store_options` and uses its own class of them (LayerNorm: `layernorm`; attention:
  * `softmax` and `matmul`; ...); all off by default, so a module behaves as LibTorch's until
@@ -15,7 +15,7 @@
 
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/activation.h>
-#include <torch/nn/modules/batchnorm.h>  // the standard module BatchNorm2dImpl replaces
+#include <torch/nn/modules/batchnorm.h>  // the standard modules BatchNormImpl replaces
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/options/batchnorm.h>
@@ -58,23 +58,47 @@ class LayerNormImpl : public ::torch::nn::LayerNormImpl, public store_layer {
   void pretty_print(std::ostream& stream) const override;
 };
 
+namespace detail {
+/// LibTorch's BatchNorm module of `D` spatial dimensions (1, 2 or 3).
+template <int D>
+struct standard_batch_norm;
+template <>
+struct standard_batch_norm<1> {
+  using type = ::torch::nn::BatchNorm1dImpl;
+};
+template <>
+struct standard_batch_norm<2> {
+  using type = ::torch::nn::BatchNorm2dImpl;
+};
+template <>
+struct standard_batch_norm<3> {
+  using type = ::torch::nn::BatchNorm3dImpl;
+};
+}  // namespace detail
+
 /**
- * @brief `torch::nn::BatchNorm2d` whose saved input follows `store_options::batchnorm` in
- * training: the same options, parameters and buffers (`weight`, `bias`, `running_mean`,
- * `running_var`, `num_batches_tracked`, so `state_dict`s match) and the same forward, running
- * statistics included. Not a subclass of LibTorch's module: LibTorch 1.13 does not export the
- * members of `BatchNormImplBase` a subclass links against.
+ * @brief `torch::nn::BatchNorm1d` / `2d` / `3d` (`D` = 1, 2, 3) whose saved input follows
+ * `store_options::batchnorm` in training: the same options, parameters and buffers (`weight`,
+ * `bias`, `running_mean`, `running_var`, `num_batches_tracked`, so `state_dict`s match), the same
+ * accepted input ranks (1d: [N, C] or [N, C, L]; 2d: [N, C, H, W]; 3d: [N, C, D, H, W]) and the
+ * same forward, running statistics included. Not a subclass of LibTorch's module: LibTorch 1.13
+ * does not export the members of `BatchNormImplBase` a subclass links against.
  */
-class BatchNorm2dImpl : public ::torch::nn::Cloneable<BatchNorm2dImpl>, public store_layer {
+template <int D>
+class BatchNormImpl : public ::torch::nn::Cloneable<BatchNormImpl<D>>, public store_layer {
+  static_assert(D >= 1 && D <= 3, "BatchNormImpl: D is 1, 2 or 3");
+
  public:
-  explicit BatchNorm2dImpl(const ::torch::nn::BatchNormOptions& options,
-                           const store_options& s = {});
+  /// LibTorch's module this one stands in for.
+  using standard_type = typename detail::standard_batch_norm<D>::type;
+
+  explicit BatchNormImpl(const ::torch::nn::BatchNormOptions& options, const store_options& s = {});
   /// @brief Shares `other`'s options, parameters and buffers.
-  explicit BatchNorm2dImpl(const ::torch::nn::BatchNorm2dImpl& other, const store_options& s = {});
+  explicit BatchNormImpl(const standard_type& other, const store_options& s = {});
 
   /// @brief Fresh parameters (weight 1, bias 0) and statistics (mean 0, variance 1, count 0).
   void reset() override;
-  /// @brief [N, C, H, W] -> [N, C, H, W], as `torch::nn::BatchNorm2d`.
+  /// @brief [N, C, ...] -> the same shape, as LibTorch's module of this rank.
   at::Tensor forward(const at::Tensor& input);
   void pretty_print(std::ostream& stream) const override;
 
@@ -85,6 +109,10 @@ class BatchNorm2dImpl : public ::torch::nn::Cloneable<BatchNorm2dImpl>, public s
   at::Tensor running_var;                 ///< [C], with track_running_stats
   at::Tensor num_batches_tracked;         ///< scalar int64, with track_running_stats
 };
+
+using BatchNorm1dImpl = BatchNormImpl<1>;  ///< `torch::nn::BatchNorm1d` with codec storage
+using BatchNorm2dImpl = BatchNormImpl<2>;  ///< `torch::nn::BatchNorm2d` with codec storage
+using BatchNorm3dImpl = BatchNormImpl<3>;  ///< `torch::nn::BatchNorm3d` with codec storage
 
 /// @brief `torch::nn::GELU` whose saved input follows `store_options::gelu`.
 class GELUImpl : public ::torch::nn::GELUImpl, public store_layer {
@@ -143,11 +171,23 @@ class LayerNorm : public ::torch::nn::ModuleHolder<LayerNormImpl> {
   using ::torch::nn::ModuleHolder<LayerNormImpl>::ModuleHolder;
   using Impl = LayerNormImpl;  ///< the module type
 };
+/// @brief Holder of `BatchNorm1dImpl`.
+class BatchNorm1d : public ::torch::nn::ModuleHolder<BatchNorm1dImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<BatchNorm1dImpl>::ModuleHolder;
+  using Impl = BatchNorm1dImpl;  ///< the module type
+};
 /// @brief Holder of `BatchNorm2dImpl`.
 class BatchNorm2d : public ::torch::nn::ModuleHolder<BatchNorm2dImpl> {
  public:
   using ::torch::nn::ModuleHolder<BatchNorm2dImpl>::ModuleHolder;
   using Impl = BatchNorm2dImpl;  ///< the module type
+};
+/// @brief Holder of `BatchNorm3dImpl`.
+class BatchNorm3d : public ::torch::nn::ModuleHolder<BatchNorm3dImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<BatchNorm3dImpl>::ModuleHolder;
+  using Impl = BatchNorm3dImpl;  ///< the module type
 };
 /// @brief Holder of `GELUImpl`.
 class GELU : public ::torch::nn::ModuleHolder<GELUImpl> {

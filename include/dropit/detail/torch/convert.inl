@@ -43,7 +43,9 @@ inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, cons
           (replace_as<ReLUImpl, ::torch::nn::ReLUImpl>(m, p, out) ||
            replace_as<MaxPool2dImpl, ::torch::nn::MaxPool2dImpl>(m, p, out))) ||
          (s.layernorm && replace_as<LayerNormImpl, ::torch::nn::LayerNormImpl>(m, s, out)) ||
-         (s.batchnorm && replace_as<BatchNorm2dImpl, ::torch::nn::BatchNorm2dImpl>(m, s, out)) ||
+         (s.batchnorm && (replace_as<BatchNorm1dImpl, ::torch::nn::BatchNorm1dImpl>(m, s, out) ||
+                          replace_as<BatchNorm2dImpl, ::torch::nn::BatchNorm2dImpl>(m, s, out) ||
+                          replace_as<BatchNorm3dImpl, ::torch::nn::BatchNorm3dImpl>(m, s, out))) ||
          (s.gelu && replace_as<GELUImpl, ::torch::nn::GELUImpl>(m, s, out)) ||
          (s.softmax && replace_as<SoftmaxImpl, ::torch::nn::SoftmaxImpl>(m, s, out)) ||
          (s.dropout && replace_as<DropoutImpl, ::torch::nn::DropoutImpl>(m, s, out));

@@ -46,60 +46,68 @@ inline void LayerNormImpl::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
-// ---- BatchNorm2d ---------------------------------------------------------------------------
+// ---- BatchNorm1d / 2d / 3d -------------------------------------------------------------------
 
-inline BatchNorm2dImpl::BatchNorm2dImpl(const ::torch::nn::BatchNormOptions& options,
-                                        const store_options& s)
+template <int D>
+BatchNormImpl<D>::BatchNormImpl(const ::torch::nn::BatchNormOptions& options,
+                                const store_options& s)
     : store_layer(s), options(options) {
   reset();
 }
 
-inline BatchNorm2dImpl::BatchNorm2dImpl(const ::torch::nn::BatchNorm2dImpl& other,
-                                        const store_options& s)
+template <int D>
+BatchNormImpl<D>::BatchNormImpl(const standard_type& other, const store_options& s)
     : store_layer(s), options(other.options) {
   // The same tensors under the same names: the standard module's parameters (frozen ones stay
   // frozen) and statistics.
-  weight = register_parameter("weight", other.weight,
-                              other.weight.defined() && other.weight.requires_grad());
-  bias = register_parameter("bias", other.bias, other.bias.defined() && other.bias.requires_grad());
-  running_mean = register_buffer("running_mean", other.running_mean);
-  running_var = register_buffer("running_var", other.running_var);
-  num_batches_tracked = register_buffer("num_batches_tracked", other.num_batches_tracked);
-  train(other.is_training());
+  weight = this->register_parameter("weight", other.weight,
+                                    other.weight.defined() && other.weight.requires_grad());
+  bias = this->register_parameter("bias", other.bias,
+                                  other.bias.defined() && other.bias.requires_grad());
+  running_mean = this->register_buffer("running_mean", other.running_mean);
+  running_var = this->register_buffer("running_var", other.running_var);
+  num_batches_tracked = this->register_buffer("num_batches_tracked", other.num_batches_tracked);
+  this->train(other.is_training());
 }
 
-inline void BatchNorm2dImpl::reset() {
+template <int D>
+void BatchNormImpl<D>::reset() {
   const std::int64_t c = options.num_features();
   const bool affine = options.affine(), stats = options.track_running_stats();
-  weight = register_parameter("weight", affine ? ::torch::ones({c}) : at::Tensor(), affine);
-  bias = register_parameter("bias", affine ? ::torch::zeros({c}) : at::Tensor(), affine);
-  running_mean = register_buffer("running_mean", stats ? ::torch::zeros({c}) : at::Tensor());
-  running_var = register_buffer("running_var", stats ? ::torch::ones({c}) : at::Tensor());
-  num_batches_tracked = register_buffer("num_batches_tracked",
-                                        stats ? ::torch::tensor(0, ::torch::kLong) : at::Tensor());
+  weight = this->register_parameter("weight", affine ? ::torch::ones({c}) : at::Tensor(), affine);
+  bias = this->register_parameter("bias", affine ? ::torch::zeros({c}) : at::Tensor(), affine);
+  running_mean = this->register_buffer("running_mean", stats ? ::torch::zeros({c}) : at::Tensor());
+  running_var = this->register_buffer("running_var", stats ? ::torch::ones({c}) : at::Tensor());
+  num_batches_tracked = this->register_buffer(
+      "num_batches_tracked", stats ? ::torch::tensor(0, ::torch::kLong) : at::Tensor());
 }
 
-inline at::Tensor BatchNorm2dImpl::forward(const at::Tensor& input) {
-  DROPIT_EXPECTS(input.dim() == 4, "torch::BatchNorm2d: expected a 4-d input, got ", input.dim(),
-                 "-d");
+template <int D>
+at::Tensor BatchNormImpl<D>::forward(const at::Tensor& input) {
+  // LibTorch's ranks: 1d takes [N, C] or [N, C, L], 2d and 3d only their own.
+  DROPIT_EXPECTS(input.dim() == D + 2 || (D == 1 && input.dim() == 2), "torch::BatchNorm", D,
+                 "d: expected a ", D == 1 ? "2-d or 3-d" : (D == 2 ? "4-d" : "5-d"), " input, got ",
+                 input.dim(), "-d");
   // LibTorch's module: the average factor is momentum, or with none a cumulative average; batch
   // statistics in training or without running ones.
   double factor = options.momentum().value_or(0.0);
-  if (is_training() && options.track_running_stats() && num_batches_tracked.defined()) {
+  const bool training = this->is_training();
+  if (training && options.track_running_stats() && num_batches_tracked.defined()) {
     num_batches_tracked += 1;
     if (!options.momentum().has_value()) factor = 1.0 / num_batches_tracked.item<double>();
   }
   using detail::optional_of;
-  const policy p = is_training() ? store_.policy_for(store_.batchnorm) : policy{};
+  const policy p = training ? store_.policy_for(store_.batchnorm) : policy{};
   return dropit::torch::batch_norm(input, optional_of(weight), optional_of(bias),
                                    optional_of(running_mean), optional_of(running_var),
-                                   is_training() || !options.track_running_stats(), factor,
+                                   training || !options.track_running_stats(), factor,
                                    options.eps(), p);
 }
 
-inline void BatchNorm2dImpl::pretty_print(std::ostream& stream) const {
-  stream << "dropit::torch::BatchNorm2d(" << options.num_features() << ", eps=" << options.eps()
-         << ", ";
+template <int D>
+void BatchNormImpl<D>::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::BatchNorm" << D << "d(" << options.num_features()
+         << ", eps=" << options.eps() << ", ";
   print_store(stream, store_.batchnorm);
   stream << ")";
 }
