@@ -1,5 +1,5 @@
-// The LibTorch adapter's mask-saving ops (ReLU, MaxPool2d) against LibTorch's own, the counting
-// allocator on known allocation patterns, and the payload memory resource.
+// The LibTorch adapter's mask-saving ops (ReLU, LeakyReLU, MaxPool2d) against LibTorch's own, the
+// counting allocator on known allocation patterns, and the payload memory resource.
 #include <dropit/torch.hpp>
 
 #include "torch_test_support.hpp"
@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -185,6 +186,163 @@ TEST_CASE("torch: the half-precision mask ReLU matches float ReLU") {
   auto xf = x.to(torch::kFloat);
   CHECK(torch::equal(y.to(torch::kFloat), torch::relu(xf)));
   CHECK(torch::equal(gx.ne(0), xf.gt(0)));
+}
+
+// ---- LeakyReLU ------------------------------------------------------------------------------
+
+TEST_CASE("torch: mask LeakyReLU output and gradient equal LibTorch's, zeros and NaN included") {
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+    for (const double slope : {0.01, 0.2, 0.0, -0.5, 1.5}) {
+      CAPTURE(dtype);
+      CAPTURE(slope);
+      torch::manual_seed(1);
+      // Integer-valued data with fractions: exact zeros (scaled there), -0.0, NaN, -inf; 5 x 7 x
+      // 33 elements: whole mask words and a partial last word.
+      auto x = torch::randint(-3, 4, {5, 7, 33}, torch::kFloat) * 1.25;
+      x.view({-1})[0] = -0.0f;
+      x.view({-1})[1] = std::numeric_limits<float>::quiet_NaN();
+      x.view({-1})[2] = -std::numeric_limits<float>::infinity();
+      x = x.to(dtype);
+      auto [y, gx] =
+          forward_backward([slope](const torch::Tensor& t) { return dt::leaky_relu(t, slope); }, x);
+      auto [ry, rgx] = forward_backward(
+          [slope](const torch::Tensor& t) { return torch::leaky_relu(t, slope); }, x);
+      CHECK(same(y, ry));
+      CHECK(same(gx, rgx));
+      // In place on a non-leaf: any slope (LibTorch's in-place op refuses a negative one in
+      // backward), the same values and gradient as LibTorch's out-of-place op.
+      auto [iy, igx] = forward_backward(
+          [slope](const torch::Tensor& t) {
+            auto h = t * 1.0;
+            return dt::leaky_relu_(h, slope);
+          },
+          x);
+      CHECK(same(iy, ry));
+      CHECK(same(igx, rgx));
+    }
+  }
+}
+
+TEST_CASE("torch: mask LeakyReLU keeps strides, saves 1 bit per element and works in place") {
+  torch::manual_seed(2);
+  auto cl = torch::randn({2, 3, 5, 4}).contiguous(torch::MemoryFormat::ChannelsLast);
+  const auto ours = [](const torch::Tensor& t) { return dt::leaky_relu(t, 0.1); };
+  const auto theirs = [](const torch::Tensor& t) { return torch::leaky_relu(t, 0.1); };
+  auto [y, gx] = forward_backward(ours, cl);
+  auto [ry, rgx] = forward_backward(theirs, cl);
+  CHECK(y.is_contiguous(torch::MemoryFormat::ChannelsLast));
+  CHECK(same(y, ry));
+  CHECK(same(gx, rgx));
+  auto tr = torch::randn({6, 9}).t();  // not dense in memory order: goes through a copy
+  auto [ty, tgx] = forward_backward(ours, tr);
+  auto [rty, rtgx] = forward_backward(theirs, tr);
+  CHECK(same(ty, rty));
+  CHECK(same(tgx, rtgx));
+  // a strided view in place: processed out of place, the handle rebound to the result
+  auto [vy, vgx] = forward_backward(
+      [](const torch::Tensor& t) {
+        auto h = (t * 1.0).t();
+        return dt::leaky_relu_(h, 0.1);
+      },
+      torch::randn({6, 9}).t().contiguous());
+  auto [rvy, rvgx] =
+      forward_backward([](const torch::Tensor& t) { return torch::leaky_relu((t * 1.0).t(), 0.1); },
+                       torch::randn({6, 9}).t().contiguous());
+  CHECK(same(vy, rvy));
+  CHECK(same(vgx, rvgx));
+
+  dt::counting_allocator counter;
+  dt::cpu_allocator_guard install(counter);
+  auto x = torch::randn({1 << 16}).requires_grad_(true);
+  CHECK(graph_bytes(counter, x, ours) == (1u << 16) / 8);
+  CHECK(graph_bytes(counter, x, theirs) == (1u << 16) * 4);
+  // In place: the input's memory is reused and the mask is all that is saved.
+  auto h = x * 1.0;
+  const void* storage = h.data_ptr();
+  const auto masks_before = dt::live_saved_bytes().masks;
+  auto out = dt::leaky_relu_(h, 0.1);
+  CHECK(out.data_ptr() == storage);
+  CHECK(dt::live_saved_bytes().masks - masks_before == (1 << 16) / 8);
+  out.sum().backward();
+  CHECK(torch::equal(x.grad(), torch::where(x.detach() > 0, 1.0f, 0.1f)));
+  CHECK(dt::live_saved_bytes().masks == masks_before);
+}
+
+TEST_CASE(
+    "torch: leaky_relu and leaky_relu_ under create_graph: double backward equals LibTorch's") {
+  torch::manual_seed(6);
+  const auto x = torch::randint(-3, 4, {2, 3, 5, 6}, torch::kFloat);
+  for (bool in_place : {false, true}) {
+    CAPTURE(in_place);
+    const auto penalty = [&](bool ours) {
+      const auto xi = x.clone().requires_grad_(true);
+      auto h = xi * 1.5;
+      torch::Tensor y;
+      if (ours) {
+        y = in_place ? dt::leaky_relu_(h, 0.2) : dt::leaky_relu(h, 0.2);
+      } else {
+        y = torch::leaky_relu(h, 0.2);  // LibTorch's in-place op is the same function of x
+      }
+      const auto w = torch::linspace(-1.0, 2.0, y.numel()).view(y.sizes());
+      const auto gx = torch::autograd::grad({(y * y * w).sum()}, {xi}, {}, true, true)[0];
+      const auto ggx = torch::autograd::grad({(gx * gx).sum() + (gx * xi).sum()}, {xi})[0];
+      return std::pair{gx.detach(), ggx};
+    };
+    const auto [gx, ggx] = penalty(true);
+    const auto [rgx, rggx] = penalty(false);
+    CHECK(same(gx, rgx));
+    CHECK(same(ggx, rggx));
+  }
+}
+
+TEST_CASE(
+    "torch: the LeakyReLU module: mask in training, LibTorch's op in eval, replaced by to_dropit") {
+  namespace nn = torch::nn;
+  const auto make = [] {
+    torch::manual_seed(3);
+    return nn::Sequential(
+        nn::Linear(6, 8), nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)),
+        nn::Linear(8, 8), nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.05).inplace(true)),
+        nn::Linear(8, 3));
+  };
+  auto plain = make(), ours = make();
+  const auto report = dt::to_dropit(*ours, make_policy(dt::policy_kind::identity));
+  CHECK(report.replaced == 5);
+  REQUIRE(ours[1]->as<dt::LeakyReLUImpl>() != nullptr);
+  REQUIRE(ours[3]->as<dt::LeakyReLUImpl>() != nullptr);
+  std::ostringstream text;
+  text << *ours[3];
+  CHECK(text.str().starts_with("dropit::torch::LeakyReLU(negative_slope=0.05, inplace=true, "));
+  const auto x = torch::randn({10, 6});
+  for (auto* m : {&plain, &ours})
+    (*m)->forward(x).pow(2).sum().backward();
+  for (std::size_t i = 0; i < plain->parameters().size(); ++i)
+    CHECK(torch::equal(ours->parameters()[i].grad(), plain->parameters()[i].grad()));
+  // training saves the masks; eval mode runs LibTorch's op and saves none
+  const auto before = dt::live_saved_bytes().masks;
+  auto y = ours->forward(x);
+  CHECK(dt::live_saved_bytes().masks - before == 2 * ((10 * 8 + 31) / 32) * 4);
+  ours->eval();
+  auto ye = ours->forward(x);
+  CHECK(dt::live_saved_bytes().masks - before == 2 * ((10 * 8 + 31) / 32) * 4);
+  plain->eval();
+  CHECK(torch::equal(ye, plain->forward(x)));
+  // masks = false, or an excluded path: left as LibTorch's
+  auto off = make(), excluded = make();
+  dt::convert_options no_masks;
+  no_masks.masks = false;
+  (void)dt::to_dropit(*off, make_policy(dt::policy_kind::mink), no_masks);
+  CHECK(off[1]->as<dt::LeakyReLUImpl>() == nullptr);
+  dt::convert_options skip;
+  skip.exclude = [](const std::string& path, const nn::Module&) { return path == "3"; };
+  (void)dt::to_dropit(*excluded, make_policy(dt::policy_kind::mink), skip);
+  CHECK(excluded[1]->as<dt::LeakyReLUImpl>() != nullptr);
+  CHECK(excluded[3]->as<dt::LeakyReLUImpl>() == nullptr);
+  auto copy =
+      std::dynamic_pointer_cast<dt::LeakyReLUImpl>(ours[1]->as<dt::LeakyReLUImpl>()->clone());
+  REQUIRE(copy);
+  CHECK(copy->options.negative_slope() == 0.2);
+  CHECK(copy->get_policy().kind == dt::policy_kind::identity);
 }
 
 // ---- MaxPool2d -------------------------------------------------------------------------------

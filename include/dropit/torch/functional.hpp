@@ -1,7 +1,8 @@
 /**
  * @file functional.hpp
  * @brief The autograd functions of the LibTorch adapter, as plain functions: Linear, Conv2d and
- * GPT-2's Conv1D save their input through a `SparseCache`; ReLU and MaxPool2d save a bit mask.
+ * GPT-2's Conv1D save their input through a `SparseCache`; ReLU, LeakyReLU and MaxPool2d save a
+ * bit mask.
  *
  * Each function runs LibTorch's plain op when the policy is `none`, when grad mode is off, or when
  * nothing that needs the saved tensor requires a gradient. Otherwise it runs a
@@ -103,6 +104,28 @@ struct conv2d_params {
  * @throw dropit::error for an unsupported device or dtype.
  */
 at::Tensor relu_(at::Tensor& x);
+
+/**
+ * @brief LeakyReLU (`x > 0 ? x : x * negative_slope`, as `at::leaky_relu`) that saves one bit per
+ * element (x > 0) instead of its input, when x requires a gradient and grad mode is on; else
+ * `at::leaky_relu(x, negative_slope)`.
+ *
+ * Output and gradient equal LibTorch's: the incoming gradient where x > 0, scaled by the slope
+ * elsewhere (x == 0 and NaN included). Under `create_graph` the backward runs LibTorch's
+ * differentiable `leaky_relu_backward` on the mask as a 0/1 tensor, so double backward works.
+ * @throw dropit::error for an unsupported device or dtype.
+ */
+[[nodiscard]] at::Tensor leaky_relu(const at::Tensor& x, double negative_slope = 0.01);
+
+/**
+ * @brief In-place `leaky_relu` (as `at::leaky_relu_`): x is overwritten and only the 1-bit mask of
+ * its old values is saved. Unlike LibTorch's, which saves the result and so refuses a negative
+ * slope in place, any slope works. A non-dense x (a strided view) is processed out of place and
+ * x is rebound to the result.
+ * @return x
+ * @throw dropit::error for an unsupported device or dtype.
+ */
+at::Tensor leaky_relu_(at::Tensor& x, double negative_slope = 0.01);
 
 /// @brief Window of a 2-d max pooling (stride 0 means stride = kernel).
 struct max_pool2d_params {

@@ -1,7 +1,8 @@
 /**
  * @file modules.hpp
- * @brief Drop-in dropit layers for LibTorch: `Linear`, `Conv2d`, `Conv1D` (GPT-2), `ReLU` and
- * `MaxPool2d`, with the options of their `torch::nn` counterparts, usable in `Sequential`.
+ * @brief Drop-in dropit layers for LibTorch: `Linear`, `Conv2d`, `Conv1D` (GPT-2), `ReLU`,
+ * `LeakyReLU` and `MaxPool2d`, with the options of their `torch::nn` counterparts, usable in
+ * `Sequential`.
  *
  * @code
  * namespace dt = dropit::torch;
@@ -11,8 +12,8 @@
  *                           torch::nn::Flatten(), dt::Linear(16 * 14 * 14, 10, p));
  * @endcode
  *
- * `Linear`, `Conv2d`, `ReLU` and `MaxPool2d` derive from the `torch::nn` module they replace
- * (same parameters, options, initialisation and printing), so code that reads `weight` or
+ * `Linear`, `Conv2d`, `ReLU`, `LeakyReLU` and `MaxPool2d` derive from the `torch::nn` module they
+ * replace (same parameters, options, initialisation and printing), so code that reads `weight` or
  * `options` keeps working. Call `forward` through the dropit type (a `Sequential` does): the base
  * class's `forward` is not virtual.
  *
@@ -185,6 +186,26 @@ class ReLUImpl : public ::torch::nn::ReLUImpl, public layer {
 };
 
 /**
+ * @brief LeakyReLU that saves a 1-bit mask (x > 0) instead of its input; see
+ * `torch::nn::LeakyReLUImpl`. With `inplace`, it overwrites its input (`leaky_relu_`).
+ */
+class LeakyReLUImpl : public ::torch::nn::LeakyReLUImpl, public layer {
+ public:
+  /// @brief As `torch::nn::LeakyReLU(options)`.
+  explicit LeakyReLUImpl(const ::torch::nn::LeakyReLUOptions& options = {}, const policy& p = {});
+  /// @brief Takes over a standard layer's options and training mode.
+  explicit LeakyReLUImpl(const ::torch::nn::LeakyReLUImpl& other, const policy& p = {});
+
+  /// @brief `x > 0 ? x : x * negative_slope`.
+  at::Tensor forward(const at::Tensor& input);
+  /// @copydoc LinearImpl::clone
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  /// @brief "dropit::torch::LeakyReLU(negative_slope=.., policy=..)".
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/**
  * @brief 2-d max pooling that saves each window's argmax in a few bits instead of its dense
  * input and int64 indices; see `torch::nn::MaxPool2dImpl`.
  */
@@ -239,6 +260,12 @@ class ReLU : public ::torch::nn::ModuleHolder<ReLUImpl> {
  public:
   using ::torch::nn::ModuleHolder<ReLUImpl>::ModuleHolder;
   using Impl = ReLUImpl;  ///< the module type
+};
+/// @brief Module holder of `LeakyReLUImpl`.
+class LeakyReLU : public ::torch::nn::ModuleHolder<LeakyReLUImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<LeakyReLUImpl>::ModuleHolder;
+  using Impl = LeakyReLUImpl;  ///< the module type
 };
 /// @brief Module holder of `MaxPool2dImpl`.
 class MaxPool2d : public ::torch::nn::ModuleHolder<MaxPool2dImpl> {

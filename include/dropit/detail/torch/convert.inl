@@ -41,6 +41,7 @@ inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, cons
   const store_options& s = o.store;
   return (p.active() && o.masks &&
           (replace_as<ReLUImpl, ::torch::nn::ReLUImpl>(m, p, out) ||
+           replace_as<LeakyReLUImpl, ::torch::nn::LeakyReLUImpl>(m, p, out) ||
            replace_as<MaxPool2dImpl, ::torch::nn::MaxPool2dImpl>(m, p, out))) ||
          (s.layernorm && replace_as<LayerNormImpl, ::torch::nn::LayerNormImpl>(m, s, out)) ||
          (s.batchnorm && (replace_as<BatchNorm1dImpl, ::torch::nn::BatchNorm1dImpl>(m, s, out) ||

@@ -382,6 +382,45 @@ struct probe_source_fn : ::torch::autograd::Function<probe_source_fn> {
          g.use_count() == engine_owned_use_count() && g.storage().use_count() == 1;
 }
 
+/// An elementwise mask op's 1-bit mask as a 0/1 tensor with the op's input sizes and strides
+/// (the bits follow that memory order): what a differentiable LibTorch backward reads under
+/// create_graph.
+[[nodiscard]] inline at::Tensor mask_as_tensor(AutogradContext* ctx, const at::Tensor& mask,
+                                               const at::TensorOptions& options) {
+  at::Tensor passes = at::empty_strided(ctx->saved_data["sizes"].toIntVector(),
+                                        ctx->saved_data["strides"].toIntVector(), options);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, passes.scalar_type(), "dropit_mask_as_tensor", [&] {
+        expand_mask(reinterpret_cast<const std::uint32_t*>(mask.data_ptr()),
+                    passes.data_ptr<scalar_t>(), passes.numel());
+      });
+  return passes;
+}
+
+/// The input gradient of an elementwise mask op: `kernel(g, gx)` with g laid out in the op's
+/// saved strides (the mask's memory order). It overwrites the incoming gradient when the engine
+/// alone holds it (see engine_owns): no second tensor of x's size at the peak of backward.
+template <class Kernel>
+[[nodiscard]] at::Tensor mask_op_grad(AutogradContext* ctx, const at::Tensor& incoming,
+                                      const Kernel& kernel) {
+  const std::vector<std::int64_t> strides = ctx->saved_data["strides"].toIntVector();
+  if (incoming.strides() == at::IntArrayRef(strides) && engine_owns(incoming)) {
+    at::Tensor g = incoming;
+    kernel(g, g);
+    return g;
+  }
+  at::Tensor g = incoming;
+  if (g.strides() != at::IntArrayRef(strides)) {
+    at::Tensor laid =
+        at::empty_strided(ctx->saved_data["sizes"].toIntVector(), strides, g.options());
+    laid.copy_(g);
+    g = laid;
+  }
+  at::Tensor gx = at::empty_like(g);
+  kernel(g, gx);
+  return gx;
+}
+
 struct relu_fn : ::torch::autograd::Function<relu_fn> {
   // Works on the elements in memory order (any dense layout, channels-last included); the mask
   // follows that order, and the output and gradient keep x's strides.
@@ -400,48 +439,20 @@ struct relu_fn : ::torch::autograd::Function<relu_fn> {
     return y;
   }
 
-  // The result overwrites the incoming gradient when the engine alone holds it (see
-  // engine_owns): no second tensor of x's size at the peak of backward.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor mask = ctx->get_saved_variables()[0];
-    const std::vector<std::int64_t> strides = ctx->saved_data["strides"].toIntVector();
     if (::torch::autograd::GradMode::is_enabled()) {
-      // create_graph: LibTorch's differentiable threshold_backward on the mask as a 0/1 tensor of
-      // x's layout (the mask's bits follow that memory order).
-      at::Tensor passes =
-          at::empty_strided(ctx->saved_data["sizes"].toIntVector(), strides, grads[0].options());
-      AT_DISPATCH_FLOATING_TYPES_AND2(
-          at::kBFloat16, at::kHalf, passes.scalar_type(), "dropit_relu_bw_graph", [&] {
-            expand_mask(reinterpret_cast<const std::uint32_t*>(mask.data_ptr()),
-                        passes.data_ptr<scalar_t>(), passes.numel());
-          });
-      return {at::threshold_backward(grads[0], passes, 0)};
+      // create_graph: LibTorch's differentiable threshold_backward on the mask as a 0/1 tensor.
+      return {at::threshold_backward(grads[0], mask_as_tensor(ctx, mask, grads[0].options()), 0)};
     }
-    const bool in_place = grads[0].strides() == at::IntArrayRef(strides) && engine_owns(grads[0]);
-    at::Tensor g = grads[0];
-    if (in_place) {
+    return {mask_op_grad(ctx, grads[0], [&](const at::Tensor& g, at::Tensor& gx) {
       AT_DISPATCH_FLOATING_TYPES_AND2(
-          at::kBFloat16, at::kHalf, g.scalar_type(), "dropit_relu_bw_", [&] {
+          at::kBFloat16, at::kHalf, g.scalar_type(), "dropit_relu_bw", [&] {
             relu_mask_backward(g.data_ptr<scalar_t>(),
                                reinterpret_cast<const std::uint32_t*>(mask.data_ptr()),
-                               g.data_ptr<scalar_t>(), g.numel());
+                               gx.data_ptr<scalar_t>(), g.numel());
           });
-      return {g};
-    }
-    if (g.strides() != at::IntArrayRef(strides)) {
-      at::Tensor laid =
-          at::empty_strided(ctx->saved_data["sizes"].toIntVector(), strides, g.options());
-      laid.copy_(g);
-      g = laid;
-    }
-    at::Tensor gx = at::empty_like(g);
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kBFloat16, at::kHalf, g.scalar_type(), "dropit_relu_bw", [&] {
-          relu_mask_backward(g.data_ptr<scalar_t>(),
-                             reinterpret_cast<const std::uint32_t*>(mask.data_ptr()),
-                             gx.data_ptr<scalar_t>(), g.numel());
-        });
-    return {gx};
+    })};
   }
 };
 
@@ -464,6 +475,53 @@ struct relu_inplace_fn : ::torch::autograd::Function<relu_inplace_fn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return relu_fn::backward(ctx, std::move(grads));
+  }
+};
+
+/// LeakyReLU saving the 1-bit mask x > 0 (out of place, or in place on a dense x).
+struct leaky_relu_fn : ::torch::autograd::Function<leaky_relu_fn> {
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, double slope, bool in_place) {
+    const at::Tensor xc = in_place || x.is_non_overlapping_and_dense() ? x : x.contiguous();
+    at::Tensor y = in_place ? x : at::empty_like(xc);
+    const std::int64_t n = xc.numel();
+    at::Tensor mask = make_mask((n + 31) / 32);
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kBFloat16, at::kHalf, xc.scalar_type(), "dropit_leaky_relu", [&] {
+          leaky_relu_mask_forward(xc.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
+                                  static_cast<acc_t<scalar_t>>(slope),
+                                  reinterpret_cast<std::uint32_t*>(mask.data_ptr()), n);
+        });
+    if (in_place) ctx->mark_dirty({x});
+    ctx->save_for_backward({mask});
+    ctx->saved_data["sizes"] = xc.sizes();
+    ctx->saved_data["strides"] = xc.strides();
+    ctx->saved_data["slope"] = slope;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor mask = ctx->get_saved_variables()[0];
+    const double slope = ctx->saved_data["slope"].toDouble();
+    if (::torch::autograd::GradMode::is_enabled()) {
+      // create_graph: LibTorch's differentiable leaky_relu_backward on the mask as 0/1 (1 > 0
+      // where the gradient passes, 0 where it is scaled).
+      const at::Tensor passes = mask_as_tensor(ctx, mask, grads[0].options());
+      return {at::leaky_relu_backward(grads[0], passes, slope, false), {}, {}};
+    }
+    return {mask_op_grad(ctx, grads[0],
+                         [&](const at::Tensor& g, at::Tensor& gx) {
+                           AT_DISPATCH_FLOATING_TYPES_AND2(
+                               at::kBFloat16, at::kHalf, g.scalar_type(), "dropit_leaky_relu_bw",
+                               [&] {
+                                 leaky_relu_mask_backward(
+                                     g.data_ptr<scalar_t>(),
+                                     reinterpret_cast<const std::uint32_t*>(mask.data_ptr()),
+                                     static_cast<acc_t<scalar_t>>(slope), gx.data_ptr<scalar_t>(),
+                                     g.numel());
+                               });
+                         }),
+            {},
+            {}};
   }
 };
 
@@ -672,6 +730,28 @@ inline at::Tensor relu(const at::Tensor& x) {
   detail::check_mask_op(x, "relu");
   (void)detail::engine_owned_use_count();
   return detail::relu_fn::apply(x);
+}
+
+inline at::Tensor leaky_relu(const at::Tensor& x, double negative_slope) {
+  if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad()) {
+    return at::leaky_relu(x, negative_slope);
+  }
+  detail::check_mask_op(x, "leaky_relu");
+  (void)detail::engine_owned_use_count();
+  return detail::leaky_relu_fn::apply(x, negative_slope, false);
+}
+
+inline at::Tensor leaky_relu_(at::Tensor& x, double negative_slope) {
+  if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad()) {
+    return at::leaky_relu_(x, negative_slope);
+  }
+  if (!x.is_non_overlapping_and_dense()) {
+    x = dropit::torch::leaky_relu(x, negative_slope);  // a strided view: out of place
+    return x;
+  }
+  detail::check_mask_op(x, "leaky_relu_");
+  (void)detail::engine_owned_use_count();
+  return detail::leaky_relu_fn::apply(x, negative_slope, true);
 }
 
 inline at::Tensor relu_(at::Tensor& x) {

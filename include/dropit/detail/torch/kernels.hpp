@@ -1,8 +1,8 @@
 /**
  * @file kernels.hpp
- * @brief CPU kernels of the mask-saving ops: ReLU with a 1-bit mask, max pooling with the
- * window-relative position of each maximum in a few bits. Masks use the packed format's bitmask
- * convention: bit j of 32-bit word w describes element 32 w + j.
+ * @brief CPU kernels of the mask-saving ops: ReLU and LeakyReLU with a 1-bit mask, max pooling
+ * with the window-relative position of each maximum in a few bits. Masks use the packed format's
+ * bitmask convention: bit j of 32-bit word w describes element 32 w + j.
  *
  * The loops are branch-free (a select is a bitwise AND with an all-ones or all-zeros word), so
  * they run at memory speed whatever the sign pattern of the data; fp32 takes SSE2 paths
@@ -157,6 +157,40 @@ void select_by_mask(const T* g, const std::uint32_t* words, T* out, std::int64_t
 template <class T>
 void relu_mask_backward(const T* g, const std::uint32_t* words, T* gx, std::int64_t n) {
   select_by_mask(g, words, gx, n);
+}
+
+/// Words of a mask kernel with no SIMD path (every word goes through the scalar loop).
+inline constexpr auto no_wide_words = [](std::int64_t w0, std::int64_t) { return w0; };
+
+/// y = LeakyReLU(x) as LibTorch computes it (x > 0 ? x : x * slope in acc_t<T>, so NaN * slope
+/// for a NaN) and the mask x > 0 (where LibTorch's gradient passes g unscaled). y may be x.
+template <class T>
+void leaky_relu_mask_forward(const T* x, T* y, acc_t<T> slope, std::uint32_t* words,
+                             std::int64_t n) {
+  for_each_mask_word(n, no_wide_words, [&](std::int64_t w, std::int64_t base, int count) {
+    std::uint32_t m = 0;
+    for (int j = 0; j < count; ++j) {
+      const acc_t<T> v = static_cast<acc_t<T>>(x[base + j]);
+      const bool pass = v > acc_t<T>(0);
+      y[base + j] = pass ? x[base + j] : static_cast<T>(v * slope);
+      m |= static_cast<std::uint32_t>(pass) << j;
+    }
+    words[w] = m;
+  });
+}
+
+/// gx = g where the mask is set, g * slope (in acc_t<T>) elsewhere: LibTorch's
+/// leaky_relu_backward. gx may be g.
+template <class T>
+void leaky_relu_mask_backward(const T* g, const std::uint32_t* words, acc_t<T> slope, T* gx,
+                              std::int64_t n) {
+  for_each_mask_word(n, no_wide_words, [&](std::int64_t w, std::int64_t base, int count) {
+    const std::uint32_t m = words[w];
+    for (int j = 0; j < count; ++j) {
+      const T v = g[base + j];
+      gx[base + j] = (m >> j & 1u) != 0 ? v : static_cast<T>(static_cast<acc_t<T>>(v) * slope);
+    }
+  });
 }
 
 /**

@@ -274,6 +274,40 @@ inline void ReLUImpl::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
+// ---- LeakyReLU -----------------------------------------------------------------------------
+
+inline LeakyReLUImpl::LeakyReLUImpl(const ::torch::nn::LeakyReLUOptions& options, const policy& p)
+    : ::torch::nn::LeakyReLUImpl(options), layer(p) {
+}
+
+inline LeakyReLUImpl::LeakyReLUImpl(const ::torch::nn::LeakyReLUImpl& other, const policy& p)
+    : ::torch::nn::Module(other), ::torch::nn::LeakyReLUImpl(other), layer(p) {
+}
+
+inline at::Tensor LeakyReLUImpl::forward(const at::Tensor& input) {
+  if (!step_policy(is_training()).active()) return ::torch::nn::LeakyReLUImpl::forward(input);
+  if (options.inplace()) {
+    at::Tensor x = input;
+    return dropit::torch::leaky_relu_(x, options.negative_slope());
+  }
+  return dropit::torch::leaky_relu(input, options.negative_slope());
+}
+
+inline std::shared_ptr<::torch::nn::Module> LeakyReLUImpl::clone(
+    const c10::optional<c10::Device>&) const {
+  auto copy = std::make_shared<LeakyReLUImpl>(options, get_policy());
+  copy->exclude(excluded());
+  copy->train(is_training());
+  return copy;
+}
+
+inline void LeakyReLUImpl::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::LeakyReLU(negative_slope=" << options.negative_slope() << ", "
+         << (options.inplace() ? "inplace=true, " : "");
+  print_policy(stream);
+  stream << ")";
+}
+
 // ---- MaxPool2d -----------------------------------------------------------------------------
 
 inline MaxPool2dImpl::MaxPool2dImpl(const ::torch::nn::MaxPool2dOptions& options, const policy& p)
