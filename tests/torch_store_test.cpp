@@ -39,9 +39,10 @@ torch::Tensor oracle_codec(const torch::Tensor& t, dropit::value_codec c) {
   return torch::tensor(back).view(t.sizes()).to(t.scalar_type());
 }
 
-/// Every stored byte count: n one-byte codes + a float scale per 1024.
+/// Every stored byte count: n one-byte codes, padded to the format's 16-byte section alignment,
+/// and a float scale per 1024.
 std::size_t coded_bytes(std::int64_t n) {
-  return static_cast<std::size_t>(n + (n + 1023) / 1024 * 4);
+  return static_cast<std::size_t>((n + 15) / 16 * 16 + (n + 1023) / 1024 * 4);
 }
 
 const dropit::value_codec quantized_codecs[] = {dropit::value_codec::int8,
@@ -257,6 +258,171 @@ TEST_CASE("torch store: BatchNorm1d and BatchNorm3d are replaced and match LibTo
                        doctest::Contains("BatchNorm3d: expected a 5-d input, got 4-d"),
                        dropit::error);
   CHECK_THROWS_AS(dt::BatchNorm2d(5)(torch::randn({2, 5, 3})), dropit::error);
+}
+
+TEST_CASE("torch store: the activations keep their saved tensor through the codec") {
+  using K = dt::activation_kind;
+  struct activation_case {
+    K kind;
+    dt::activation_params params;
+    std::function<torch::Tensor(const torch::Tensor&)> libtorch;  // LibTorch's own op
+  };
+  const activation_case cases[] = {
+      {K::silu, {}, [](const torch::Tensor& t) { return torch::silu(t); }},
+      {K::mish, {}, [](const torch::Tensor& t) { return torch::mish(t); }},
+      {K::hardswish, {}, [](const torch::Tensor& t) { return torch::hardswish(t); }},
+      {K::hardsigmoid, {}, [](const torch::Tensor& t) { return torch::hardsigmoid(t); }},
+      {K::elu, {.alpha = 0.7}, [](const torch::Tensor& t) { return torch::elu(t, 0.7); }},
+      {K::celu, {.alpha = 1.6}, [](const torch::Tensor& t) { return torch::celu(t, 1.6); }},
+      {K::softplus,
+       {.beta = 2.0, .threshold = 3.0},
+       [](const torch::Tensor& t) { return torch::softplus(t, 2.0, 3.0); }},
+      {K::tanh, {}, [](const torch::Tensor& t) { return torch::tanh(t); }},
+      {K::sigmoid, {}, [](const torch::Tensor& t) { return torch::sigmoid(t); }},
+  };
+  torch::manual_seed(12);
+  for (const auto dtype : {torch::kFloat, torch::kDouble}) {
+    // 5 x 7 x 300: several codec blocks, values across every piece of each function (hardswish
+    // and hardsigmoid bend at -3 and 3, softplus(beta 2) turns linear past 1.5)
+    const auto x0 = (torch::randn({5, 7, 300}) * 3).to(dtype);
+    const auto g = torch::randn({5, 7, 300}).to(dtype);
+    for (const auto& [kind, params, libtorch] : cases) {
+      const std::string name = dt::to_string(kind);
+      CAPTURE(name);
+      CAPTURE(dtype);
+      auto xr = x0.clone().requires_grad_(true);
+      const auto yr = libtorch(xr);
+      yr.backward(g);
+      auto x = x0.clone().requires_grad_(true);
+      const auto y = dt::activation(x, kind, store_policy(dropit::value_codec::exact), params);
+      y.backward(g);
+      CHECK(torch::equal(y, yr));
+      CHECK(torch::equal(x.grad(), xr.grad()));
+      const bool output_saved = kind == K::tanh || kind == K::sigmoid;
+      for (const auto c : quantized_codecs) {
+        CAPTURE(c);
+        auto xq = x0.clone().requires_grad_(true);
+        const auto before = dt::live_saved_bytes();
+        auto yq = dt::activation(xq, kind, store_policy(c), params);
+        CHECK(dt::live_saved_bytes().sparse - before.sparse == coded_bytes(x0.numel()));
+        CHECK(torch::equal(yq, yr));  // forward untouched
+        yq.backward(g);
+        // the oracle: LibTorch's gradient at the decoded input, or its backward op on the
+        // decoded output
+        torch::Tensor want;
+        if (output_saved) {
+          const auto yd = oracle_codec(yr.detach(), c);
+          want = kind == K::tanh ? at::tanh_backward(g, yd) : at::sigmoid_backward(g, yd);
+        } else {
+          auto xd = oracle_codec(x0, c).requires_grad_(true);
+          libtorch(xd).backward(g);
+          want = xd.grad();
+        }
+        CHECK(torch::equal(xq.grad(), want));
+      }
+    }
+  }
+  // In place (ELU, CELU): the output saved, LibTorch's in-place gradient (from the output)
+  for (const auto kind : {K::elu, K::celu}) {
+    const std::string name = dt::to_string(kind);
+    CAPTURE(name);
+    const auto x0 = torch::randn({4, 1000}) * 3;
+    const auto g = torch::randn({4, 1000});
+    const auto libtorch = [&](torch::Tensor& h) {
+      return kind == K::elu ? torch::elu_(h, 0.7) : torch::celu_(h, 0.7);
+    };
+    auto xr = x0.clone().requires_grad_(true);
+    auto hr = xr * 1.0;
+    const auto yr = libtorch(hr);
+    yr.backward(g);
+    for (const auto c : {dropit::value_codec::exact, dropit::value_codec::int8}) {
+      CAPTURE(c);
+      auto x = x0.clone().requires_grad_(true);
+      auto h = x * 1.0;
+      const void* storage = h.data_ptr();
+      const auto y = dt::activation_(h, kind, store_policy(c), {.alpha = 0.7});
+      CHECK(y.data_ptr() == storage);
+      CHECK(torch::equal(y, yr));
+      y.backward(g);
+      if (c == dropit::value_codec::exact) {
+        CHECK(torch::equal(x.grad(), xr.grad()));
+      } else {  // LibTorch's in-place backward on the decoded output
+        const double scale = kind == K::elu ? 1.0 : 1.0 / static_cast<double>(0.7f);
+        CHECK(torch::equal(
+            x.grad(), at::elu_backward(g, 0.7, 1.0, scale, true, oracle_codec(yr.detach(), c))));
+      }
+    }
+  }
+  // no policy, grad mode off or no gradient wanted: LibTorch's op, nothing saved
+  const auto before = dt::live_saved_bytes().sparse;
+  const auto x = torch::randn({64});
+  CHECK(torch::equal(dt::activation(x, K::mish, store_policy(dropit::value_codec::int8)),
+                     torch::mish(x)));
+  CHECK(dt::live_saved_bytes().sparse == before);
+  // a mink policy, double backward and an unknown kind are refused
+  CHECK_THROWS_WITH_AS((void)dt::activation(x, K::silu, make_policy(dt::policy_kind::mink)),
+                       doctest::Contains("silu: a stored tensor is read whole"), dropit::error);
+  const auto xg = torch::randn({64}, torch::requires_grad());
+  const auto yg = dt::activation(xg, K::elu, store_policy(dropit::value_codec::exact));
+  CHECK_THROWS_WITH_AS((void)torch::autograd::grad({yg.sum()}, {xg}, {}, true, true),
+                       doctest::Contains("elu"), std::exception);
+  CHECK_THROWS_WITH_AS((void)dt::activation(x, static_cast<K>(42), dt::policy{}),
+                       doctest::Contains("unknown kind 42"), dropit::error);
+  auto h = torch::randn({64}, torch::requires_grad()) * 1.0;
+  CHECK_THROWS_WITH_AS((void)dt::activation_(h, K::silu, dt::policy{}),
+                       doctest::Contains("in place only for elu and celu, got silu"),
+                       dropit::error);
+  CHECK_THROWS_WITH_AS(
+      (void)dt::activation_(h, K::elu, store_policy(dropit::value_codec::int8), {.alpha = -1.0}),
+      doctest::Contains("in place needs alpha >= 0"), dropit::error);
+}
+
+TEST_CASE("torch store: to_dropit replaces the activation modules; exact gives LibTorch's") {
+  namespace nn = torch::nn;
+  const auto make = [] {
+    torch::manual_seed(13);
+    return nn::Sequential(
+        nn::Linear(8, 8), nn::SiLU(), nn::Linear(8, 8), nn::Mish(), nn::Linear(8, 8),
+        nn::ELU(nn::ELUOptions().alpha(0.5).inplace(true)), nn::Linear(8, 8),
+        nn::CELU(nn::CELUOptions().alpha(2.0)), nn::Linear(8, 8),
+        nn::Softplus(nn::SoftplusOptions().beta(3.0).threshold(2.0)), nn::Linear(8, 8), nn::Tanh(),
+        nn::Linear(8, 8), nn::Sigmoid(), nn::Linear(8, 2));
+  };
+  auto plain = make(), exact = make(), coded = make();
+  dt::convert_options act;
+  act.store = dt::store_options::parse("activation", dropit::value_codec::exact);
+  const auto report = dt::to_dropit(*exact, dt::policy{}, act);
+  CHECK(report.replaced == 7);
+  CHECK(report.stored == 7);
+  const char* names[] = {"SiLU", "Mish", "ELU", "CELU", "Softplus", "Tanh", "Sigmoid"};
+  for (std::size_t i = 0; i < 7; ++i) {
+    std::ostringstream text;
+    text << *exact->ptr(2 * i + 1);
+    CHECK(text.str() == std::string("dropit::torch::") + names[i] + "(store=exact)");
+  }
+  const auto x = torch::randn({16, 8}) * 2;
+  for (auto* m : {&plain, &exact})
+    (*m)->forward(x).pow(2).sum().backward();
+  for (std::size_t i = 0; i < plain->parameters().size(); ++i) {
+    CAPTURE(i);
+    CHECK(torch::equal(exact->parameters()[i].grad(), plain->parameters()[i].grad()));
+  }
+  // int8: each of the 7 saved tensors of 16 x 8 as codes and one scale
+  act.store.codec = dropit::value_codec::int8;
+  (void)dt::to_dropit(*coded, dt::policy{}, act);
+  const auto before = dt::live_saved_bytes().sparse;
+  const auto y = coded->forward(x);
+  CHECK(dt::live_saved_bytes().sparse - before == 7 * coded_bytes(16 * 8));
+  // eval mode: LibTorch's ops (an in-place ELU in place again); clone keeps the options
+  coded->eval();
+  plain->eval();
+  CHECK(torch::equal(coded->forward(x), plain->forward(x)));
+  CHECK(dt::live_saved_bytes().sparse - before == 7 * coded_bytes(16 * 8));
+  auto copy = std::dynamic_pointer_cast<dt::SoftplusImpl>(coded->ptr(9)->clone());
+  REQUIRE(copy);
+  CHECK(copy->options.beta() == 3.0);
+  CHECK(copy->get_store().activation);
+  CHECK_FALSE(copy->is_training());
 }
 
 TEST_CASE("torch store: gelu and softmax keep their saved tensor through the codec") {
@@ -485,7 +651,9 @@ TEST_CASE("torch store: bad input is a dropit::error") {
   CHECK_THROWS_WITH_AS((void)dt::store_options::parse("layernorm,attention"),
                        doctest::Contains("unknown class 'attention'"), dropit::error);
   CHECK(dt::to_string(dt::store_options::parse("all")) ==
-        "layernorm,gelu,softmax,matmul,dropout,batchnorm");
+        "layernorm,gelu,softmax,matmul,dropout,batchnorm,activation");
+  CHECK(dt::store_options::parse("activation").activation);
+  CHECK(dt::store_options::parse("activation").any());
   CHECK_THROWS_WITH_AS(
       (void)dt::batch_norm(x, c10::nullopt, c10::nullopt, c10::nullopt, c10::nullopt, true, 0.1,
                            1e-5, make_policy(dt::policy_kind::mink)),

@@ -40,8 +40,9 @@ struct convert_options {
   /// for gradient penalties.
   bool fuse_pool_relu = true;
   /// The dense saved tensors to keep through a codec (store.hpp): every dropit store module
-  /// (`LayerNorm`, `BatchNorm1d/2d/3d`, `GELU`, `Softmax`, `Dropout`, `SoftmaxAttention`) gets
-  /// these options, and with `replace` the standard `LayerNorm`, `BatchNorm1d/2d/3d`, `GELU`,
+  /// (`LayerNorm`, `BatchNorm1d/2d/3d`, `GELU`, the activations, `Softmax`, `Dropout`,
+  /// `SoftmaxAttention`) gets these options, and with `replace` the standard `LayerNorm`,
+  /// `BatchNorm1d/2d/3d`, `GELU`, `SiLU`, `Mish`, `ELU`, `CELU`, `Softplus`, `Tanh`, `Sigmoid`,
   /// `Softmax` and `Dropout` children of containers whose class is on are replaced. Off by
   /// default.
   store_options store{};

@@ -1,7 +1,8 @@
 /**
  * @file store.hpp
- * @brief Codec storage for the tensors DropIT leaves dense: LayerNorm's saved input, GELU's input,
- * a softmax's output, the inputs of attention's two matmuls, and a dropout's noise as bits.
+ * @brief Codec storage for the tensors DropIT leaves dense: LayerNorm's and BatchNorm's saved
+ * input, GELU's and the other activations' saved tensor, a softmax's output, the inputs of
+ * attention's two matmuls, and a dropout's noise as bits.
  *
  * DropIT sparsifies the inputs Linear and Conv layers save for their weight gradients; a
  * transformer saves as much again in tensors whose backward needs them whole. These functions run
@@ -46,6 +47,9 @@ struct store_options {
   bool matmul = false;     ///< attention's q, k and v (what its two matmuls save)
   bool dropout = false;    ///< a dropout's noise as 1 bit per element (exact, any codec)
   bool batchnorm = false;  ///< BatchNorm's saved input in training (batch mean, 1/std exact)
+  /// SiLU, Mish, Hardswish, Hardsigmoid, ELU, CELU, Softplus (their input), Tanh and Sigmoid
+  /// (their output): `activation`
+  bool activation = false;
 
   /// @brief Every class on, with codec c.
   [[nodiscard]] static store_options all(value_codec c = value_codec::int8);
@@ -57,7 +61,7 @@ struct store_options {
                                            value_codec c = value_codec::int8);
   /// @brief Whether any class is on.
   [[nodiscard]] bool any() const noexcept {
-    return layernorm || gelu || softmax || matmul || dropout || batchnorm;
+    return layernorm || gelu || softmax || matmul || dropout || batchnorm || activation;
   }
   /// @brief The pack of a class: a dense `identity` pack with `codec` when on, else `none`.
   [[nodiscard]] policy policy_for(bool on) const noexcept {
@@ -99,6 +103,50 @@ struct store_options {
 /// @brief `at::gelu` whose saved input is packed with `store` (as `layer_norm`).
 [[nodiscard]] at::Tensor gelu(const at::Tensor& x, const policy& store,
                               const std::string& approximate = "none");
+
+/// @brief The element-wise activations of store class `activation`.
+enum class activation_kind {
+  silu,
+  mish,
+  hardswish,
+  hardsigmoid,
+  elu,
+  celu,
+  softplus,
+  tanh,
+  sigmoid
+};
+
+/// @brief The name of an activation ("silu", ..., "sigmoid").
+[[nodiscard]] const char* to_string(activation_kind k) noexcept;
+
+/// @brief Parameters of the activations that take some (LibTorch's defaults): ELU's and CELU's
+/// `alpha`, Softplus's `beta` and `threshold`. The other activations ignore them.
+struct activation_params {
+  double alpha = 1.0;       ///< ELU, CELU
+  double beta = 1.0;        ///< Softplus
+  double threshold = 20.0;  ///< Softplus
+};
+
+/**
+ * @brief The activation `kind` of x as LibTorch computes it (`at::silu`, `mish`, `hardswish`,
+ * `hardsigmoid`, `elu`, `celu`, `softplus`, `tanh`, `sigmoid`), with the tensor its backward reads
+ * packed with `store` (as `layer_norm`): the input, or for tanh and sigmoid the output. Gradients
+ * from LibTorch's own backward ops (`silu_backward`, ..., `sigmoid_backward`) on the restored
+ * tensor, so with the exact codec they are LibTorch's bit for bit.
+ * @throw dropit::error as `layer_norm`, or for an unknown `kind`.
+ */
+[[nodiscard]] at::Tensor activation(const at::Tensor& x, activation_kind kind, const policy& store,
+                                    const activation_params& params = {});
+
+/**
+ * @brief In-place ELU or CELU (`at::elu_` / `at::celu_`: x is overwritten) with the output, which
+ * their in-place backward reads, packed with `store`; LibTorch's gradient from it.
+ * @return x
+ * @throw dropit::error for another kind, a negative alpha, or as `activation`.
+ */
+at::Tensor activation_(at::Tensor& x, activation_kind kind, const policy& store,
+                       const activation_params& params = {});
 
 /// @brief `at::softmax` along `dim` whose saved output is packed with `store` (as `layer_norm`).
 [[nodiscard]] at::Tensor softmax(const at::Tensor& x, std::int64_t dim, const policy& store);

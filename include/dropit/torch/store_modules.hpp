@@ -1,7 +1,8 @@
 /**
  * @file store_modules.hpp
  * @brief Modules that keep the tensors DropIT leaves dense through a codec (store.hpp):
- * `LayerNorm`, `BatchNorm1d/2d/3d`, `GELU`, `Softmax`, `Dropout` (drop-in for LibTorch's,
+ * `LayerNorm`, `BatchNorm1d/2d/3d`, `GELU`, the activations `SiLU`, `Mish`, `ELU`, `CELU`,
+ * `Softplus`, `Tanh`, `Sigmoid`, `Softmax`, `Dropout` (drop-in for LibTorch's,
  * parameters shared when made from one) and `SoftmaxAttention` (`softmax(q k^T) v`, for attention
  * code written by hand).
  *
@@ -23,6 +24,7 @@
 
 #include <memory>
 #include <ostream>
+#include <type_traits>
 
 namespace dropit::torch {
 
@@ -126,6 +128,96 @@ class GELUImpl : public ::torch::nn::GELUImpl, public store_layer {
   void pretty_print(std::ostream& stream) const override;
 };
 
+namespace detail {
+/// The activation_kind, name and parameters of LibTorch's activation module S.
+template <class S>
+struct activation_of;
+template <>
+struct activation_of<::torch::nn::SiLUImpl> {
+  static constexpr activation_kind kind = activation_kind::silu;
+  static constexpr const char* name = "SiLU";
+  static activation_params params(const ::torch::nn::SiLUImpl&) { return {}; }
+};
+template <>
+struct activation_of<::torch::nn::MishImpl> {
+  static constexpr activation_kind kind = activation_kind::mish;
+  static constexpr const char* name = "Mish";
+  static activation_params params(const ::torch::nn::MishImpl&) { return {}; }
+};
+template <>
+struct activation_of<::torch::nn::ELUImpl> {
+  static constexpr activation_kind kind = activation_kind::elu;
+  static constexpr const char* name = "ELU";
+  static activation_params params(const ::torch::nn::ELUImpl& m) {
+    return {.alpha = m.options.alpha()};
+  }
+};
+template <>
+struct activation_of<::torch::nn::CELUImpl> {
+  static constexpr activation_kind kind = activation_kind::celu;
+  static constexpr const char* name = "CELU";
+  static activation_params params(const ::torch::nn::CELUImpl& m) {
+    return {.alpha = m.options.alpha()};
+  }
+};
+template <>
+struct activation_of<::torch::nn::SoftplusImpl> {
+  static constexpr activation_kind kind = activation_kind::softplus;
+  static constexpr const char* name = "Softplus";
+  static activation_params params(const ::torch::nn::SoftplusImpl& m) {
+    return {.beta = m.options.beta(), .threshold = m.options.threshold()};
+  }
+};
+template <>
+struct activation_of<::torch::nn::TanhImpl> {
+  static constexpr activation_kind kind = activation_kind::tanh;
+  static constexpr const char* name = "Tanh";
+  static activation_params params(const ::torch::nn::TanhImpl&) { return {}; }
+};
+template <>
+struct activation_of<::torch::nn::SigmoidImpl> {
+  static constexpr activation_kind kind = activation_kind::sigmoid;
+  static constexpr const char* name = "Sigmoid";
+  static activation_params params(const ::torch::nn::SigmoidImpl&) { return {}; }
+};
+}  // namespace detail
+
+/**
+ * @brief LibTorch's activation module `Standard` (`SiLU`, `Mish`, `ELU`, `CELU`, `Softplus`,
+ * `Tanh`, `Sigmoid`) whose saved tensor follows `store_options::activation` in training
+ * (`activation`, or with `inplace` on an ELU / CELU `activation_`): the same options, output and
+ * gradient.
+ */
+template <class Standard>
+class ActivationImpl : public Standard, public store_layer {
+ public:
+  /// @brief LibTorch's module with default options.
+  explicit ActivationImpl(const store_options& s = {}) : store_layer(s) {}
+  /// @brief LibTorch's module made from `options` (ELU, CELU, Softplus).
+  template <class Options>
+  requires std::is_constructible_v<Standard, const Options&> &&
+      (!std::is_base_of_v<::torch::nn::Module, Options>)explicit ActivationImpl(
+          const Options& options, const store_options& s = {})
+      : Standard(options), store_layer(s) {}
+  /// @brief Takes over `other`'s options and training mode.
+  explicit ActivationImpl(const Standard& other, const store_options& s = {})
+      // Module is a virtual base: copy it here too.
+      : ::torch::nn::Module(other), Standard(other), store_layer(s) {}
+
+  at::Tensor forward(const at::Tensor& input);
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  void pretty_print(std::ostream& stream) const override;
+};
+
+using SiLUImpl = ActivationImpl<::torch::nn::SiLUImpl>;          ///< SiLU, input stored
+using MishImpl = ActivationImpl<::torch::nn::MishImpl>;          ///< Mish, input stored
+using ELUImpl = ActivationImpl<::torch::nn::ELUImpl>;            ///< ELU, input stored
+using CELUImpl = ActivationImpl<::torch::nn::CELUImpl>;          ///< CELU, input stored
+using SoftplusImpl = ActivationImpl<::torch::nn::SoftplusImpl>;  ///< Softplus, input stored
+using TanhImpl = ActivationImpl<::torch::nn::TanhImpl>;          ///< Tanh, output stored
+using SigmoidImpl = ActivationImpl<::torch::nn::SigmoidImpl>;    ///< Sigmoid, output stored
+
 /// @brief `torch::nn::Softmax` whose saved output follows `store_options::softmax`.
 class SoftmaxImpl : public ::torch::nn::SoftmaxImpl, public store_layer {
  public:
@@ -194,6 +286,48 @@ class GELU : public ::torch::nn::ModuleHolder<GELUImpl> {
  public:
   using ::torch::nn::ModuleHolder<GELUImpl>::ModuleHolder;
   using Impl = GELUImpl;  ///< the module type
+};
+/// @brief Holder of `SiLUImpl`.
+class SiLU : public ::torch::nn::ModuleHolder<SiLUImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<SiLUImpl>::ModuleHolder;
+  using Impl = SiLUImpl;  ///< the module type
+};
+/// @brief Holder of `MishImpl`.
+class Mish : public ::torch::nn::ModuleHolder<MishImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<MishImpl>::ModuleHolder;
+  using Impl = MishImpl;  ///< the module type
+};
+/// @brief Holder of `ELUImpl`.
+class ELU : public ::torch::nn::ModuleHolder<ELUImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<ELUImpl>::ModuleHolder;
+  using Impl = ELUImpl;  ///< the module type
+};
+/// @brief Holder of `CELUImpl`.
+class CELU : public ::torch::nn::ModuleHolder<CELUImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<CELUImpl>::ModuleHolder;
+  using Impl = CELUImpl;  ///< the module type
+};
+/// @brief Holder of `SoftplusImpl`.
+class Softplus : public ::torch::nn::ModuleHolder<SoftplusImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<SoftplusImpl>::ModuleHolder;
+  using Impl = SoftplusImpl;  ///< the module type
+};
+/// @brief Holder of `TanhImpl`.
+class Tanh : public ::torch::nn::ModuleHolder<TanhImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<TanhImpl>::ModuleHolder;
+  using Impl = TanhImpl;  ///< the module type
+};
+/// @brief Holder of `SigmoidImpl`.
+class Sigmoid : public ::torch::nn::ModuleHolder<SigmoidImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<SigmoidImpl>::ModuleHolder;
+  using Impl = SigmoidImpl;  ///< the module type
 };
 /// @brief Holder of `SoftmaxImpl`.
 class Softmax : public ::torch::nn::ModuleHolder<SoftmaxImpl> {

@@ -48,6 +48,13 @@ inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, cons
                           replace_as<BatchNorm2dImpl, ::torch::nn::BatchNorm2dImpl>(m, s, out) ||
                           replace_as<BatchNorm3dImpl, ::torch::nn::BatchNorm3dImpl>(m, s, out))) ||
          (s.gelu && replace_as<GELUImpl, ::torch::nn::GELUImpl>(m, s, out)) ||
+         (s.activation && (replace_as<SiLUImpl, ::torch::nn::SiLUImpl>(m, s, out) ||
+                           replace_as<MishImpl, ::torch::nn::MishImpl>(m, s, out) ||
+                           replace_as<ELUImpl, ::torch::nn::ELUImpl>(m, s, out) ||
+                           replace_as<CELUImpl, ::torch::nn::CELUImpl>(m, s, out) ||
+                           replace_as<SoftplusImpl, ::torch::nn::SoftplusImpl>(m, s, out) ||
+                           replace_as<TanhImpl, ::torch::nn::TanhImpl>(m, s, out) ||
+                           replace_as<SigmoidImpl, ::torch::nn::SigmoidImpl>(m, s, out))) ||
          (s.softmax && replace_as<SoftmaxImpl, ::torch::nn::SoftmaxImpl>(m, s, out)) ||
          (s.dropout && replace_as<DropoutImpl, ::torch::nn::DropoutImpl>(m, s, out));
 }

@@ -20,7 +20,7 @@ namespace dropit::torch {
 inline store_options store_options::all(value_codec c) {
   store_options s;
   s.codec = c;
-  s.layernorm = s.gelu = s.softmax = s.matmul = s.dropout = s.batchnorm = true;
+  s.layernorm = s.gelu = s.softmax = s.matmul = s.dropout = s.batchnorm = s.activation = true;
   return s;
 }
 
@@ -44,9 +44,11 @@ inline store_options store_options::parse(std::string_view classes, value_codec 
       s.dropout = true;
     } else if (name == "batchnorm") {
       s.batchnorm = true;
+    } else if (name == "activation") {
+      s.activation = true;
     } else {
       DROPIT_EXPECTS(false, "torch::store_options: unknown class '", std::string(name),
-                     "' (layernorm, gelu, softmax, matmul, dropout, batchnorm, all)");
+                     "' (layernorm, gelu, softmax, matmul, dropout, batchnorm, activation, all)");
     }
     classes = comma == std::string_view::npos ? std::string_view{} : classes.substr(comma + 1);
   }
@@ -55,12 +57,13 @@ inline store_options store_options::parse(std::string_view classes, value_codec 
 
 inline std::string to_string(const store_options& s) {
   std::string out;
-  const std::array<std::pair<bool, const char*>, 6> classes{{{s.layernorm, "layernorm"},
+  const std::array<std::pair<bool, const char*>, 7> classes{{{s.layernorm, "layernorm"},
                                                              {s.gelu, "gelu"},
                                                              {s.softmax, "softmax"},
                                                              {s.matmul, "matmul"},
                                                              {s.dropout, "dropout"},
-                                                             {s.batchnorm, "batchnorm"}}};
+                                                             {s.batchnorm, "batchnorm"},
+                                                             {s.activation, "activation"}}};
   for (const auto& [on, name] : classes) {
     if (!on) continue;
     if (!out.empty()) out += ',';
@@ -186,6 +189,107 @@ struct gelu_fn : ::torch::autograd::Function<gelu_fn> {
         restore_packed(ctx->get_saved_variables()[0], ctx->saved_data["x_sizes"].toIntVector());
     return {at::gelu_backward(grads[0], x, ctx->saved_data["approximate"].toStringRef()),
             at::Tensor(), at::Tensor()};
+  }
+};
+
+/// Whether LibTorch's backward of `kind` reads the output (tanh, sigmoid) rather than the input.
+[[nodiscard]] constexpr bool reads_output(activation_kind kind) noexcept {
+  return kind == activation_kind::tanh || kind == activation_kind::sigmoid;
+}
+
+/// The activation's forward, as LibTorch's op (CELU: ELU with input scale 1 / alpha).
+[[nodiscard]] inline at::Tensor activation_forward(const at::Tensor& x, activation_kind kind,
+                                                   const activation_params& a) {
+  switch (kind) {
+    case activation_kind::silu:
+      return at::silu(x);
+    case activation_kind::mish:
+      return at::mish(x);
+    case activation_kind::hardswish:
+      return at::hardswish(x);
+    case activation_kind::hardsigmoid:
+      return at::hardsigmoid(x);
+    case activation_kind::elu:
+      return at::elu(x, a.alpha);
+    case activation_kind::celu:
+      return at::celu(x, a.alpha);
+    case activation_kind::softplus:
+      return at::softplus(x, a.beta, a.threshold);
+    case activation_kind::tanh:
+      return at::tanh(x);
+    case activation_kind::sigmoid:
+      return at::sigmoid(x);
+  }
+  DROPIT_EXPECTS(false, "torch::activation: unknown kind ", static_cast<int>(kind));
+  return {};
+}
+
+/// CELU's input scale in its backward, as LibTorch's derivative formula computes it (1 / alpha
+/// after a round trip through float).
+[[nodiscard]] inline double celu_input_scale(double alpha) noexcept {
+  return 1.0 / static_cast<double>(static_cast<float>(alpha));
+}
+
+/// LibTorch's backward of the activation from its saved tensor t: the input, or the output (tanh,
+/// sigmoid, and an in-place ELU / CELU: `is_result`).
+[[nodiscard]] inline at::Tensor activation_backward(const at::Tensor& g, const at::Tensor& t,
+                                                    activation_kind kind,
+                                                    const activation_params& a, bool is_result) {
+  switch (kind) {
+    case activation_kind::silu:
+      return at::silu_backward(g, t);
+    case activation_kind::mish:
+      return at::mish_backward(g, t);
+    case activation_kind::hardswish:
+      return at::hardswish_backward(g, t);
+    case activation_kind::hardsigmoid:
+      return at::hardsigmoid_backward(g, t);
+    case activation_kind::elu:
+      return at::elu_backward(g, a.alpha, 1.0, 1.0, is_result, t);
+    case activation_kind::celu:
+      return at::elu_backward(g, a.alpha, 1.0, celu_input_scale(a.alpha), is_result, t);
+    case activation_kind::softplus:
+      return at::softplus_backward(g, t, a.beta, a.threshold);
+    case activation_kind::tanh:
+      return at::tanh_backward(g, t);
+    case activation_kind::sigmoid:
+      return at::sigmoid_backward(g, t);
+  }
+  return {};
+}
+
+struct activation_fn : ::torch::autograd::Function<activation_fn> {
+  // in_place (ELU, CELU): x is overwritten and the output saved, as LibTorch's elu_ / celu_ do.
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, activation_kind kind,
+                            const policy& p, const activation_params& a, bool in_place) {
+    at::Tensor y;
+    if (in_place) {
+      y = kind == activation_kind::elu ? at::elu_(x, a.alpha) : at::celu_(x, a.alpha);
+      ctx->mark_dirty({x});
+    } else {
+      y = activation_forward(x, kind, a);
+    }
+    const at::Tensor& saved = in_place || reads_output(kind) ? y : x;
+    ctx->save_for_backward({save_packed(saved, p)});
+    ctx->saved_data["in_place"] = in_place;
+    ctx->saved_data["sizes"] = saved.sizes();
+    ctx->saved_data["kind"] = static_cast<std::int64_t>(kind);
+    ctx->saved_data["alpha"] = a.alpha;
+    ctx->saved_data["beta"] = a.beta;
+    ctx->saved_data["threshold"] = a.threshold;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto kind = static_cast<activation_kind>(ctx->saved_data["kind"].toInt());
+    refuse_create_graph(to_string(kind));
+    const at::Tensor t =
+        restore_packed(ctx->get_saved_variables()[0], ctx->saved_data["sizes"].toIntVector());
+    const activation_params a{ctx->saved_data["alpha"].toDouble(),
+                              ctx->saved_data["beta"].toDouble(),
+                              ctx->saved_data["threshold"].toDouble()};
+    return {activation_backward(grads[0], t, kind, a, ctx->saved_data["in_place"].toBool()),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -329,6 +433,55 @@ inline at::Tensor gelu(const at::Tensor& x, const policy& store, const std::stri
   if (!detail::wants_store(store, x)) return at::gelu(x, approximate);
   detail::check_packable(x, "gelu");
   return detail::gelu_fn::apply(x, store, approximate);
+}
+
+inline const char* to_string(activation_kind k) noexcept {
+  switch (k) {
+    case activation_kind::silu:
+      return "silu";
+    case activation_kind::mish:
+      return "mish";
+    case activation_kind::hardswish:
+      return "hardswish";
+    case activation_kind::hardsigmoid:
+      return "hardsigmoid";
+    case activation_kind::elu:
+      return "elu";
+    case activation_kind::celu:
+      return "celu";
+    case activation_kind::softplus:
+      return "softplus";
+    case activation_kind::tanh:
+      return "tanh";
+    case activation_kind::sigmoid:
+      return "sigmoid";
+  }
+  return "unknown activation";
+}
+
+inline at::Tensor activation(const at::Tensor& x, activation_kind kind, const policy& store,
+                             const activation_params& params) {
+  DROPIT_EXPECTS(static_cast<int>(kind) >= 0 && kind <= activation_kind::sigmoid,
+                 "torch::activation: unknown kind ", static_cast<int>(kind));
+  detail::check_store(store, to_string(kind));
+  if (!detail::wants_store(store, x)) return detail::activation_forward(x, kind, params);
+  detail::check_packable(x, to_string(kind));
+  return detail::activation_fn::apply(x, kind, store, params, false);
+}
+
+inline at::Tensor activation_(at::Tensor& x, activation_kind kind, const policy& store,
+                              const activation_params& params) {
+  DROPIT_EXPECTS(kind == activation_kind::elu || kind == activation_kind::celu,
+                 "torch::activation_: in place only for elu and celu, got ", to_string(kind));
+  detail::check_store(store, to_string(kind));
+  if (!detail::wants_store(store, x)) {
+    return kind == activation_kind::elu ? at::elu_(x, params.alpha) : at::celu_(x, params.alpha);
+  }
+  // LibTorch's in-place backward reads the output, which loses the sign for a negative alpha.
+  DROPIT_EXPECTS(params.alpha >= 0, "torch::activation_: in place needs alpha >= 0, got ",
+                 params.alpha);
+  detail::check_packable(x, to_string(kind));
+  return detail::activation_fn::apply(x, kind, store, params, true);
 }
 
 inline at::Tensor softmax(const at::Tensor& x, std::int64_t dim, const policy& store) {

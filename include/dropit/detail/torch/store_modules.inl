@@ -112,6 +112,37 @@ void BatchNormImpl<D>::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
+// ---- SiLU, Mish, ELU, CELU, Softplus, Tanh, Sigmoid -------------------------------------------
+
+template <class Standard>
+at::Tensor ActivationImpl<Standard>::forward(const at::Tensor& input) {
+  using of = detail::activation_of<Standard>;
+  const policy p = this->is_training() ? store_.policy_for(store_.activation) : policy{};
+  if (!p.active()) return Standard::forward(input);
+  if constexpr (requires { this->options.inplace(); }) {  // ELU, CELU
+    if (this->options.inplace()) {
+      at::Tensor x = input;
+      return dropit::torch::activation_(x, of::kind, p, of::params(*this));
+    }
+  }
+  return dropit::torch::activation(input, of::kind, p, of::params(*this));
+}
+
+template <class Standard>
+std::shared_ptr<::torch::nn::Module> ActivationImpl<Standard>::clone(
+    const c10::optional<c10::Device>&) const {
+  auto copy = std::make_shared<ActivationImpl>(static_cast<const Standard&>(*this), store_);
+  copy->train(this->is_training());
+  return copy;
+}
+
+template <class Standard>
+void ActivationImpl<Standard>::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::" << detail::activation_of<Standard>::name << "(";
+  print_store(stream, store_.activation);
+  stream << ")";
+}
+
 // ---- GELU ----------------------------------------------------------------------------------
 
 inline GELUImpl::GELUImpl(const ::torch::nn::GELUOptions& options, const store_options& s)
