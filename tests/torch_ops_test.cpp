@@ -1,5 +1,6 @@
-// The LibTorch adapter's mask-saving ops (ReLU, LeakyReLU, MaxPool2d) against LibTorch's own, the
-// counting allocator on known allocation patterns, and the payload memory resource.
+// The LibTorch adapter's mask-saving ops (ReLU, LeakyReLU, MaxPool2d) and shape-saving average
+// poolings against LibTorch's own, the counting allocator on known allocation patterns, and the
+// payload memory resource.
 #include <dropit/torch.hpp>
 
 #include "torch_test_support.hpp"
@@ -10,6 +11,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -732,6 +734,162 @@ TEST_CASE("torch: mask max-pool saves 2 bits per 2x2 window instead of input + i
   CHECK(ours == 32 * 16 * 4);  // 32 planes of 16x16 outputs at 2 bits: 16 words per plane
   CHECK(theirs == 4 * 8 * 32 * 32 * 4 + 4 * 8 * 16 * 16 * 8);  // dense input + int64 indices
   MESSAGE("2x2 max-pool saved bytes: dropit " << ours << ", LibTorch " << theirs);
+}
+
+// ---- average poolings -------------------------------------------------------------------------
+
+TEST_CASE(
+    "torch: average poolings save their input's sizes only; LibTorch's outputs and gradients") {
+  using dt::detail::pools_by_shape;
+  struct pool_case {
+    const char* name;
+    std::function<torch::Tensor(const torch::Tensor&, bool)> run;  // (x, dropit's?)
+  };
+  const pool_case cases[] = {
+      {"avg 2x2",
+       [](const torch::Tensor& t, bool ours) {
+         return ours ? dt::avg_pool2d(t, {2, 2}) : torch::avg_pool2d(t, {2, 2});
+       }},
+      {"avg 3x3 s2 p1 ceil, pad excluded",
+       [](const torch::Tensor& t, bool ours) {
+         return ours ? dt::avg_pool2d(t, {3, 3}, {2, 2}, {1, 1}, true, false)
+                     : torch::avg_pool2d(t, {3, 3}, {2, 2}, {1, 1}, true, false);
+       }},
+      {"avg 2x3 divisor 5",
+       [](const torch::Tensor& t, bool ours) {
+         return ours ? dt::avg_pool2d(t, {2, 3}, {1, 2}, {0, 1}, false, true, 5)
+                     : torch::avg_pool2d(t, {2, 3}, {1, 2}, {0, 1}, false, true, 5);
+       }},
+      {"adaptive 1",
+       [](const torch::Tensor& t, bool ours) {
+         return ours ? dt::adaptive_avg_pool2d(t, {1, 1}) : torch::adaptive_avg_pool2d(t, {1, 1});
+       }},
+      {"adaptive 3x2",
+       [](const torch::Tensor& t, bool ours) {
+         return ours ? dt::adaptive_avg_pool2d(t, {3, 2}) : torch::adaptive_avg_pool2d(t, {3, 2});
+       }},
+  };
+  torch::manual_seed(8);
+  for (const auto& c : cases) {
+    for (const auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+      for (const bool batched : {true, false}) {
+        CAPTURE(c.name);
+        CAPTURE(dtype);
+        CAPTURE(batched);
+        const auto x = batched ? torch::randn({2, 3, 7, 8}).to(dtype) : torch::randn({3, 7, 8});
+        auto [y, gx] = forward_backward([&](const torch::Tensor& t) { return c.run(t, true); }, x);
+        auto [ry, rgx] =
+            forward_backward([&](const torch::Tensor& t) { return c.run(t, false); }, x);
+        CHECK(same(y, ry));
+        CHECK(same(gx, rgx));
+        CHECK(gx.strides() == rgx.strides());
+      }
+    }
+    // what the graph holds: the output alone, against LibTorch's input + output
+    dt::counting_allocator counter;
+    dt::cpu_allocator_guard install(counter);
+    const auto x = torch::randn({4, 8, 32, 32}).requires_grad_(true);
+    const auto ours =
+        graph_bytes(counter, x, [&](const torch::Tensor& h) { return c.run(h, true); });
+    const auto theirs =
+        graph_bytes(counter, x, [&](const torch::Tensor& h) { return c.run(h, false); });
+    CHECK(ours == 0);
+    CHECK(theirs == 4 * 8 * 32 * 32 * 4);
+    // double backward equals LibTorch's (the gradient is linear in the incoming one)
+    const auto penalty = [&](bool dropit) {
+      const auto xi = torch::randn({2, 3, 7, 8}, torch::TensorOptions().dtype(torch::kDouble))
+                          .requires_grad_(true);
+      torch::manual_seed(9);
+      auto y = c.run(xi * 1.5, dropit);
+      const auto w = torch::linspace(-1.0, 2.0, y.numel(), torch::kDouble).view(y.sizes());
+      const auto gx = torch::autograd::grad({(y * y * w).sum()}, {xi}, {}, true, true)[0];
+      return torch::autograd::grad({(gx * gx).sum()}, {xi})[0];
+    };
+    const std::string name = c.name;
+    CAPTURE(name);
+    torch::manual_seed(10);
+    const auto ggx = penalty(true);
+    torch::manual_seed(10);
+    const auto want = penalty(false);
+    if (name == "adaptive 1") {
+      // LibTorch pools to 1 x 1 with a mean, whose second derivative rounds differently from
+      // adaptive pooling's: equal to rounding
+      CHECK(torch::allclose(ggx, want, 1e-12, 1e-14));
+      CHECK_FALSE(torch::equal(ggx, torch::zeros_like(ggx)));
+    } else {
+      CHECK(torch::equal(ggx, want));
+    }
+  }
+  // channels-last (the gradient keeps the input's memory format): LibTorch's op, input saved
+  const auto cl =
+      torch::randn({2, 3, 8, 8}).contiguous(torch::MemoryFormat::ChannelsLast).requires_grad_(true);
+  CHECK_FALSE(pools_by_shape(cl));
+  auto [y, gx] = forward_backward(
+      [](const torch::Tensor& t) {
+        return dt::avg_pool2d(t, {2, 2});
+      },
+      cl.detach());
+  auto [ry, rgx] = forward_backward(
+      [](const torch::Tensor& t) {
+        return torch::avg_pool2d(t, {2, 2});
+      },
+      cl.detach());
+  CHECK(same(gx, rgx));
+  CHECK(gx.is_contiguous(torch::MemoryFormat::ChannelsLast));
+  // LibTorch's errors for bad windows
+  CHECK_THROWS((void)dt::avg_pool2d(torch::randn({1, 1, 4, 4}, torch::requires_grad()), {5, 5}));
+}
+
+TEST_CASE("torch: the average pooling modules: LibTorch's gradients; to_dropit replaces them") {
+  namespace nn = torch::nn;
+  // the same model with LibTorch's poolings and with dropit's (the rest LibTorch's modules)
+  const auto make = [](bool ours) {
+    torch::manual_seed(11);
+    nn::Sequential seq;
+    const auto p = make_policy(dt::policy_kind::identity);
+    const nn::AvgPool2dOptions avg(2);
+    const nn::AdaptiveAvgPool2dOptions adaptive({2, c10::nullopt});
+    seq->push_back(nn::Conv2d(nn::Conv2dOptions(3, 4, 3).padding(1)));
+    if (ours) {
+      seq->push_back(dt::AvgPool2d(avg, p));
+    } else {
+      seq->push_back(nn::AvgPool2d(avg));
+    }
+    seq->push_back(nn::Conv2d(nn::Conv2dOptions(4, 4, 3).padding(1)));
+    if (ours) {
+      seq->push_back(dt::AdaptiveAvgPool2d(adaptive, p));
+    } else {
+      seq->push_back(nn::AdaptiveAvgPool2d(adaptive));
+    }
+    seq->push_back(nn::Flatten());
+    seq->push_back(nn::Linear(4 * 2 * 4, 3));
+    return seq;
+  };
+  auto plain = make(false), ours = make(true);
+  std::ostringstream text;
+  text << *ours[1];
+  CHECK(text.str().starts_with("dropit::torch::AvgPool2d(kernel_size=[2, 2], stride=[2, 2]"));
+  const auto x = torch::randn({5, 3, 8, 8});
+  for (auto* m : {&plain, &ours})
+    (*m)->forward(x).pow(2).sum().backward();
+  for (std::size_t i = 0; i < plain->parameters().size(); ++i)
+    CHECK(torch::equal(ours->parameters()[i].grad(), plain->parameters()[i].grad()));
+  ours->eval();
+  plain->eval();
+  CHECK(torch::equal(ours->forward(x), plain->forward(x)));
+  auto copy = std::dynamic_pointer_cast<dt::AdaptiveAvgPool2dImpl>(ours[3]->clone());
+  REQUIRE(copy);
+  CHECK_FALSE(copy->is_training());
+  // to_dropit swaps LibTorch's for dropit's, with masks only
+  auto swapped = make(false), off = make(false);
+  CHECK(dt::to_dropit(*swapped, make_policy(dt::policy_kind::mink)).replaced == 5);
+  CHECK(swapped[1]->as<dt::AvgPool2dImpl>() != nullptr);
+  CHECK(swapped[3]->as<dt::AdaptiveAvgPool2dImpl>() != nullptr);
+  dt::convert_options no_masks;
+  no_masks.masks = false;
+  (void)dt::to_dropit(*off, make_policy(dt::policy_kind::mink), no_masks);
+  CHECK(off[1]->as<dt::AvgPool2dImpl>() == nullptr);
+  CHECK(off[3]->as<dt::AdaptiveAvgPool2dImpl>() == nullptr);
 }
 
 TEST_CASE("torch: eval mode runs LibTorch's ReLU and max-pool") {

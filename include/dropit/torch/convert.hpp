@@ -5,7 +5,8 @@
  *
  * LibTorch's C++ modules cannot have their `forward` patched at run time, so there are two ways in:
  * - build the model from dropit's layer types (`dropit::torch::Linear`, `Conv2d`, `Conv1D`,
- *   `ReLU`, `LeakyReLU`, `MaxPool2d`; modules.hpp), which works for any module, or
+ *   `ReLU`, `LeakyReLU`, `MaxPool2d`, `AvgPool2d`, `AdaptiveAvgPool2d`; modules.hpp), which works
+ * for any module, or
  * - build it from `torch::nn` layers held in `Sequential`/`ModuleList` containers and call
  *   `to_dropit(model, policy)`, which swaps them in place.
  * A standard layer held as a named member of your own module is called through its own type by your
@@ -28,10 +29,11 @@ namespace dropit::torch {
 
 /// @brief Which layers `to_dropit` touches.
 struct convert_options {
-  /// Replace standard `Linear`, `Conv2d` (and, with `masks`, `ReLU`, `LeakyReLU`, `MaxPool2d`)
+  /// Replace standard `Linear`, `Conv2d` (and, with `masks`, the ReLUs and poolings below)
   /// children of `Sequential`/`ModuleList` containers.
   bool replace = true;
-  /// Replace `ReLU`, `LeakyReLU` and `MaxPool2d` by their mask-saving versions too.
+  /// Replace `ReLU`, `LeakyReLU` and `MaxPool2d` by their mask-saving versions too, and
+  /// `AvgPool2d` and `AdaptiveAvgPool2d` by theirs that save the input's sizes only.
   bool masks = true;
   /// With `masks`: where a Sequential runs a MaxPool2d and then a ReLU (neither excluded), the
   /// pooling applies the ReLU and saves window codes only for the outputs the ReLU passes
@@ -49,8 +51,8 @@ struct convert_options {
   /// Layers to leave out, by dotted path ("features.3") and module. A Linear or Conv2d there is
   /// still replaced (a dropit Linear, Conv2d, Conv1D there takes the policy) and marked
   /// `layer::exclude()`: it keeps its input exact (the gamma = 0 case) but runs dropit's backward
-  /// in pieces. A ReLU, LeakyReLU or MaxPool2d there is not replaced (a dropit one keeps its
-  /// policy), nor is a store module given `store`. A dropit layer opted out before keeps its
+  /// in pieces. A ReLU or pooling there is not replaced (a dropit one keeps its policy), nor is a
+  /// store module given `store`. A dropit layer opted out before keeps its
   /// policy.
   std::function<bool(const std::string& path, const ::torch::nn::Module&)> exclude;
   /// Per-layer gamma: a Linear, Conv2d or Conv1D takes the gamma of the longest key that is its
@@ -72,7 +74,7 @@ struct convert_report {
  * @brief Sets every dropit layer under `root` (root included) to `p`, except excluded ones, and
  * first replaces standard layers in `Sequential`/`ModuleList` containers (sharing their parameter
  * tensors, so an optimizer built before keeps working). With `p.kind == none` no Linear, Conv2d,
- * ReLU, LeakyReLU or MaxPool2d is replaced; store modules follow `options.store` either way.
+ * ReLU or pooling is replaced; store modules follow `options.store` either way.
  * @throw dropit::error if p's gamma is outside [0, 1], or a `layer_gamma` key names no module or
  * its gamma is outside [0, 1]; nothing is changed then.
  */

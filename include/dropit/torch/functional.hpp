@@ -2,7 +2,7 @@
  * @file functional.hpp
  * @brief The autograd functions of the LibTorch adapter, as plain functions: Linear, Conv2d and
  * GPT-2's Conv1D save their input through a `SparseCache`; ReLU, LeakyReLU and MaxPool2d save a
- * bit mask.
+ * bit mask; the average poolings save their input's sizes only.
  *
  * Each function runs LibTorch's plain op when the policy is `none`, when grad mode is off, or when
  * nothing that needs the saved tensor requires a gradient. Otherwise it runs a
@@ -164,6 +164,25 @@ struct max_pool2d_params {
  * under `create_graph`.
  */
 [[nodiscard]] at::Tensor max_pool2d_relu(const at::Tensor& x, const max_pool2d_params& params);
+
+/**
+ * @brief `at::avg_pool2d` (same arguments) that saves only its input's sizes: its backward reads
+ * nothing else, yet LibTorch's op keeps the whole input alive. A contiguous x that requires a
+ * gradient, with grad mode on, takes this path; otherwise (e.g. channels-last, whose gradient
+ * takes the input's memory format) it is LibTorch's op.
+ *
+ * Output and gradient are LibTorch's (its `avg_pool2d_backward` runs on a zero-stride stand-in
+ * of x's sizes); so is double backward.
+ */
+[[nodiscard]] at::Tensor avg_pool2d(const at::Tensor& x, at::IntArrayRef kernel_size,
+                                    at::IntArrayRef stride = {}, at::IntArrayRef padding = 0,
+                                    bool ceil_mode = false, bool count_include_pad = true,
+                                    c10::optional<std::int64_t> divisor_override = c10::nullopt);
+
+/// @brief `at::adaptive_avg_pool2d` that saves only its input's sizes (as `avg_pool2d`; its
+/// backward is `_adaptive_avg_pool2d_backward`). Double backward equals LibTorch's, except to
+/// rounding for a 1 x 1 output, which LibTorch computes as a mean.
+[[nodiscard]] at::Tensor adaptive_avg_pool2d(const at::Tensor& x, at::IntArrayRef output_size);
 
 }  // namespace dropit::torch
 

@@ -1,8 +1,8 @@
 /**
  * @file modules.hpp
  * @brief Drop-in dropit layers for LibTorch: `Linear`, `Conv2d`, `Conv1D` (GPT-2), `ReLU`,
- * `LeakyReLU` and `MaxPool2d`, with the options of their `torch::nn` counterparts, usable in
- * `Sequential`.
+ * `LeakyReLU`, `MaxPool2d`, `AvgPool2d` and `AdaptiveAvgPool2d`, with the options of their
+ * `torch::nn` counterparts, usable in `Sequential`.
  *
  * @code
  * namespace dt = dropit::torch;
@@ -12,10 +12,10 @@
  *                           torch::nn::Flatten(), dt::Linear(16 * 14 * 14, 10, p));
  * @endcode
  *
- * `Linear`, `Conv2d`, `ReLU`, `LeakyReLU` and `MaxPool2d` derive from the `torch::nn` module they
- * replace (same parameters, options, initialisation and printing), so code that reads `weight` or
- * `options` keeps working. Call `forward` through the dropit type (a `Sequential` does): the base
- * class's `forward` is not virtual.
+ * All but `Conv1D` derive from the `torch::nn` module they replace (same parameters, options,
+ * initialisation and printing), so code that reads `weight` or `options` keeps working. Call
+ * `forward` through the dropit type (a `Sequential` does): the base class's `forward` is not
+ * virtual.
  *
  * A layer runs LibTorch's plain op in eval mode, under `torch::NoGradGuard`, with policy `none`,
  * or when excluded (`exclude()`); otherwise it saves through dropit (see functional.hpp).
@@ -237,6 +237,48 @@ class MaxPool2dImpl : public ::torch::nn::MaxPool2dImpl, public layer {
   bool relu_ = false;
 };
 
+/**
+ * @brief 2-d average pooling that saves only its input's sizes (`avg_pool2d`) instead of the
+ * whole input; see `torch::nn::AvgPool2dImpl`.
+ */
+class AvgPool2dImpl : public ::torch::nn::AvgPool2dImpl, public layer {
+ public:
+  /// @brief As `torch::nn::AvgPool2d(options)`.
+  explicit AvgPool2dImpl(const ::torch::nn::AvgPool2dOptions& options, const policy& p = {});
+  /// @brief Takes over a standard layer's options and training mode.
+  explicit AvgPool2dImpl(const ::torch::nn::AvgPool2dImpl& other, const policy& p = {});
+
+  /// @brief The pooling.
+  at::Tensor forward(const at::Tensor& input);
+  /// @copydoc LinearImpl::clone
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  /// @brief "dropit::torch::AvgPool2d(.., policy=..)".
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/**
+ * @brief 2-d adaptive average pooling that saves only its input's sizes (`adaptive_avg_pool2d`);
+ * see `torch::nn::AdaptiveAvgPool2dImpl`.
+ */
+class AdaptiveAvgPool2dImpl : public ::torch::nn::AdaptiveAvgPool2dImpl, public layer {
+ public:
+  /// @brief As `torch::nn::AdaptiveAvgPool2d(options)`.
+  explicit AdaptiveAvgPool2dImpl(const ::torch::nn::AdaptiveAvgPool2dOptions& options,
+                                 const policy& p = {});
+  /// @brief Takes over a standard layer's options and training mode.
+  explicit AdaptiveAvgPool2dImpl(const ::torch::nn::AdaptiveAvgPool2dImpl& other,
+                                 const policy& p = {});
+
+  /// @brief The pooling.
+  at::Tensor forward(const at::Tensor& input);
+  /// @copydoc LinearImpl::clone
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  /// @brief "dropit::torch::AdaptiveAvgPool2d(.., policy=..)".
+  void pretty_print(std::ostream& stream) const override;
+};
+
 /// @brief Module holder of `LinearImpl` (as `TORCH_MODULE(Linear)`).
 class Linear : public ::torch::nn::ModuleHolder<LinearImpl> {
  public:
@@ -272,6 +314,19 @@ class MaxPool2d : public ::torch::nn::ModuleHolder<MaxPool2dImpl> {
  public:
   using ::torch::nn::ModuleHolder<MaxPool2dImpl>::ModuleHolder;
   using Impl = MaxPool2dImpl;  ///< the module type
+};
+
+/// @brief Module holder of `AvgPool2dImpl`.
+class AvgPool2d : public ::torch::nn::ModuleHolder<AvgPool2dImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<AvgPool2dImpl>::ModuleHolder;
+  using Impl = AvgPool2dImpl;  ///< the module type
+};
+/// @brief Module holder of `AdaptiveAvgPool2dImpl`.
+class AdaptiveAvgPool2d : public ::torch::nn::ModuleHolder<AdaptiveAvgPool2dImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<AdaptiveAvgPool2dImpl>::ModuleHolder;
+  using Impl = AdaptiveAvgPool2dImpl;  ///< the module type
 };
 
 }  // namespace dropit::torch

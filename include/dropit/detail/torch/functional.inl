@@ -525,6 +525,51 @@ struct leaky_relu_fn : ::torch::autograd::Function<leaky_relu_fn> {
   }
 };
 
+/// An average pooling (`avg_pool2d` or, with an empty kernel, `adaptive_avg_pool2d`) whose
+/// backward gets a zero-stride stand-in of its input: the sizes are all LibTorch's backward
+/// reads of it.
+struct avg_pool_fn : ::torch::autograd::Function<avg_pool_fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            std::vector<std::int64_t> kernel, std::vector<std::int64_t> stride,
+                            std::vector<std::int64_t> padding, bool ceil_mode,
+                            bool count_include_pad, c10::optional<std::int64_t> divisor_override,
+                            std::vector<std::int64_t> output_size) {
+    const bool adaptive = kernel.empty();
+    ctx->saved_data["sizes"] = x.sizes();
+    ctx->saved_data["adaptive"] = adaptive;
+    if (adaptive) return at::adaptive_avg_pool2d(x, output_size);
+    ctx->saved_data["kernel"] = kernel;
+    ctx->saved_data["stride"] = stride;
+    ctx->saved_data["padding"] = padding;
+    ctx->saved_data["ceil_mode"] = ceil_mode;
+    ctx->saved_data["count_include_pad"] = count_include_pad;
+    ctx->saved_data["divisor_override"] = divisor_override;
+    return at::avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad,
+                          divisor_override);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor& g = grads[0];
+    const at::Tensor x_like =
+        at::zeros({}, g.options()).expand(ctx->saved_data["sizes"].toIntVector());
+    const auto& d = ctx->saved_data;
+    at::Tensor gx = d.at("adaptive").toBool()
+                        ? at::_adaptive_avg_pool2d_backward(g, x_like)
+                        : at::avg_pool2d_backward(
+                              g, x_like, d.at("kernel").toIntVector(), d.at("stride").toIntVector(),
+                              d.at("padding").toIntVector(), d.at("ceil_mode").toBool(),
+                              d.at("count_include_pad").toBool(),
+                              d.at("divisor_override").toOptional<std::int64_t>());
+    return {gx, {}, {}, {}, {}, {}, {}, {}};
+  }
+};
+
+/// Whether an average pooling of x saves its sizes only (else LibTorch's op runs).
+[[nodiscard]] inline bool pools_by_shape(const at::Tensor& x) {
+  return ::torch::autograd::GradMode::is_enabled() && x.requires_grad() && x.is_contiguous() &&
+         x.layout() == at::kStrided && !x.is_quantized();
+}
+
 /// Checks the window and computes the geometry of pooling x.
 [[nodiscard]] inline pool_geometry pool_geometry_of(const at::Tensor& x,
                                                     const max_pool2d_params& p) {
@@ -774,6 +819,25 @@ inline at::Tensor max_pool2d(const at::Tensor& x, const max_pool2d_params& param
   }
   detail::check_mask_op(x, "max_pool2d");
   return detail::max_pool2d_fn::apply(x, params);
+}
+
+inline at::Tensor avg_pool2d(const at::Tensor& x, at::IntArrayRef kernel_size,
+                             at::IntArrayRef stride, at::IntArrayRef padding, bool ceil_mode,
+                             bool count_include_pad, c10::optional<std::int64_t> divisor_override) {
+  if (!detail::pools_by_shape(x) || kernel_size.empty()) {  // LibTorch's (and its errors)
+    return at::avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                          divisor_override);
+  }
+  return detail::avg_pool_fn::apply(x, kernel_size.vec(), stride.vec(), padding.vec(), ceil_mode,
+                                    count_include_pad, divisor_override,
+                                    std::vector<std::int64_t>{});
+}
+
+inline at::Tensor adaptive_avg_pool2d(const at::Tensor& x, at::IntArrayRef output_size) {
+  if (!detail::pools_by_shape(x)) return at::adaptive_avg_pool2d(x, output_size);
+  return detail::avg_pool_fn::apply(x, std::vector<std::int64_t>{}, std::vector<std::int64_t>{},
+                                    std::vector<std::int64_t>{}, false, true, c10::nullopt,
+                                    output_size.vec());
 }
 
 inline at::Tensor max_pool2d_relu(const at::Tensor& x, const max_pool2d_params& params) {

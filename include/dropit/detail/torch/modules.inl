@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/functional/padding.h>
 #include <torch/nn/init.h>
+#include <torch/nn/modules/utils.h>
 
 #include <array>
 #include <atomic>
@@ -347,6 +348,72 @@ inline void MaxPool2dImpl::pretty_print(std::ostream& stream) const {
   ::torch::nn::MaxPool2dImpl::pretty_print(base);
   stream << "dropit::torch::" << detail::base_text(base.str()) << ", ";
   if (relu_) stream << "relu=true, ";
+  print_policy(stream);
+  stream << ")";
+}
+
+// ---- AvgPool2d, AdaptiveAvgPool2d ------------------------------------------------------------
+
+inline AvgPool2dImpl::AvgPool2dImpl(const ::torch::nn::AvgPool2dOptions& options, const policy& p)
+    : ::torch::nn::AvgPool2dImpl(options), layer(p) {
+}
+
+inline AvgPool2dImpl::AvgPool2dImpl(const ::torch::nn::AvgPool2dImpl& other, const policy& p)
+    : ::torch::nn::Module(other), ::torch::nn::AvgPool2dImpl(other), layer(p) {
+}
+
+inline at::Tensor AvgPool2dImpl::forward(const at::Tensor& input) {
+  if (!step_policy(is_training()).active()) return ::torch::nn::AvgPool2dImpl::forward(input);
+  return dropit::torch::avg_pool2d(input, options.kernel_size(), options.stride(),
+                                   options.padding(), options.ceil_mode(),
+                                   options.count_include_pad(), options.divisor_override());
+}
+
+inline std::shared_ptr<::torch::nn::Module> AvgPool2dImpl::clone(
+    const c10::optional<c10::Device>&) const {
+  auto copy = std::make_shared<AvgPool2dImpl>(options, get_policy());
+  copy->exclude(excluded());
+  copy->train(is_training());
+  return copy;
+}
+
+inline void AvgPool2dImpl::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::AvgPool2d(kernel_size=" << options.kernel_size()
+         << ", stride=" << options.stride() << ", padding=" << options.padding() << ", ";
+  print_policy(stream);
+  stream << ")";
+}
+
+inline AdaptiveAvgPool2dImpl::AdaptiveAvgPool2dImpl(
+    const ::torch::nn::AdaptiveAvgPool2dOptions& options, const policy& p)
+    : ::torch::nn::AdaptiveAvgPool2dImpl(options), layer(p) {
+}
+
+inline AdaptiveAvgPool2dImpl::AdaptiveAvgPool2dImpl(const ::torch::nn::AdaptiveAvgPool2dImpl& other,
+                                                    const policy& p)
+    : ::torch::nn::Module(other), ::torch::nn::AdaptiveAvgPool2dImpl(other), layer(p) {
+}
+
+inline at::Tensor AdaptiveAvgPool2dImpl::forward(const at::Tensor& input) {
+  if (!step_policy(is_training()).active()) {
+    return ::torch::nn::AdaptiveAvgPool2dImpl::forward(input);
+  }
+  // An output size of None keeps the input's size in that dimension, as LibTorch's module.
+  const auto size =
+      ::torch::nn::modules::utils::_list_with_default(options.output_size(), input.sizes());
+  return dropit::torch::adaptive_avg_pool2d(input, size);
+}
+
+inline std::shared_ptr<::torch::nn::Module> AdaptiveAvgPool2dImpl::clone(
+    const c10::optional<c10::Device>&) const {
+  auto copy = std::make_shared<AdaptiveAvgPool2dImpl>(options, get_policy());
+  copy->exclude(excluded());
+  copy->train(is_training());
+  return copy;
+}
+
+inline void AdaptiveAvgPool2dImpl::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::AdaptiveAvgPool2d(output_size=" << options.output_size() << ", ";
   print_policy(stream);
   stream << ")";
 }
