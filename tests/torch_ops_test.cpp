@@ -43,6 +43,20 @@ bool same(const torch::Tensor& a, const torch::Tensor& b) {
          torch::equal(a.masked_fill(nan_a, 0), b.masked_fill(nan_b, 0));
 }
 
+/// A gradient penalty through y = op(h), h = x * 1.5: the gradient gx of sum(y^2 w) (w fixed)
+/// with its graph kept, and the gradient of sum(gx^2) + sum(gx x), whose backward runs through
+/// the first one's.
+template <class Op>
+std::pair<torch::Tensor, torch::Tensor> gradient_penalty(const torch::Tensor& x, const Op& op) {
+  const auto xi = x.clone().requires_grad_(true);
+  auto h = xi * 1.5;
+  const torch::Tensor y = op(h);
+  const auto w = torch::linspace(-1.0, 2.0, y.numel()).view(y.sizes());
+  const auto gx = torch::autograd::grad({(y * y * w).sum()}, {xi}, {}, true, true)[0];
+  const auto ggx = torch::autograd::grad({(gx * gx).sum() + (gx * xi).sum()}, {xi})[0];
+  return {gx.detach(), ggx};
+}
+
 // ---- fork-joins -------------------------------------------------------------------------------
 
 TEST_CASE("the adapter's kernels fork only when dropit's fork_meter says it pays") {
@@ -276,22 +290,12 @@ TEST_CASE(
   const auto x = torch::randint(-3, 4, {2, 3, 5, 6}, torch::kFloat);
   for (bool in_place : {false, true}) {
     CAPTURE(in_place);
-    const auto penalty = [&](bool ours) {
-      const auto xi = x.clone().requires_grad_(true);
-      auto h = xi * 1.5;
-      torch::Tensor y;
-      if (ours) {
-        y = in_place ? dt::leaky_relu_(h, 0.2) : dt::leaky_relu(h, 0.2);
-      } else {
-        y = torch::leaky_relu(h, 0.2);  // LibTorch's in-place op is the same function of x
-      }
-      const auto w = torch::linspace(-1.0, 2.0, y.numel()).view(y.sizes());
-      const auto gx = torch::autograd::grad({(y * y * w).sum()}, {xi}, {}, true, true)[0];
-      const auto ggx = torch::autograd::grad({(gx * gx).sum() + (gx * xi).sum()}, {xi})[0];
-      return std::pair{gx.detach(), ggx};
-    };
-    const auto [gx, ggx] = penalty(true);
-    const auto [rgx, rggx] = penalty(false);
+    const auto [gx, ggx] = gradient_penalty(x, [&](torch::Tensor& h) {
+      return in_place ? dt::leaky_relu_(h, 0.2) : dt::leaky_relu(h, 0.2);
+    });
+    // LibTorch's in-place op is the same function of x
+    const auto [rgx, rggx] =
+        gradient_penalty(x, [](torch::Tensor& h) { return torch::leaky_relu(h, 0.2); });
     CHECK(same(gx, rgx));
     CHECK(same(ggx, rggx));
   }
@@ -542,22 +546,10 @@ TEST_CASE("torch: relu and relu_ under create_graph: double backward equals LibT
       CAPTURE(channels_last);
       CAPTURE(in_place);
       const auto x = channels_last ? base.contiguous(at::MemoryFormat::ChannelsLast) : base;
-      const auto penalty = [&](bool ours) {
-        const auto xi = x.clone().requires_grad_(true);
-        auto h = xi * 1.5;
-        torch::Tensor y;
-        if (ours) {
-          y = in_place ? dt::relu_(h) : dt::relu(h);
-        } else {
-          y = in_place ? torch::relu_(h) : torch::relu(h);
-        }
-        const auto w = torch::linspace(-1.0, 2.0, y.numel()).view(y.sizes());
-        const auto gx = torch::autograd::grad({(y * y * w).sum()}, {xi}, {}, true, true)[0];
-        const auto ggx = torch::autograd::grad({(gx * gx).sum() + (gx * xi).sum()}, {xi})[0];
-        return std::pair{gx.detach(), ggx};
-      };
-      const auto [gx, ggx] = penalty(true);
-      const auto [rgx, rggx] = penalty(false);
+      const auto [gx, ggx] = gradient_penalty(
+          x, [&](torch::Tensor& h) { return in_place ? dt::relu_(h) : dt::relu(h); });
+      const auto [rgx, rggx] = gradient_penalty(
+          x, [&](torch::Tensor& h) { return in_place ? torch::relu_(h) : torch::relu(h); });
       CHECK(same(gx, rgx));
       CHECK(same(ggx, rggx));
     }
