@@ -7,10 +7,10 @@
  * | header | what |
  * | --- | --- |
  * | torch/policy.hpp | `policy{kind, gamma, seed}`, `live_saved_bytes()` |
- * | torch/functional.hpp | `linear`, `conv2d`, `gpt2_conv1d`, `relu`, `max_pool2d` |
- * | torch/modules.hpp | `Linear`, `Conv2d`, `Conv1D`, `ReLU`, `MaxPool2d` modules |
- * | torch/store.hpp | `layer_norm`, `gelu`, `softmax`, `attention`, `dropout` via a codec |
- * | torch/store_modules.hpp | `LayerNorm`, `GELU`, `Softmax`, `Dropout`, `SoftmaxAttention` |
+ * | torch/functional.hpp | `linear`, `conv2d`, `gpt2_conv1d`; `[leaky_]relu`, `*_pool2d` |
+ * | torch/modules.hpp | their modules: `Linear`, ..., `LeakyReLU`, `MaxPool2d`, `AvgPool2d`, ... |
+ * | torch/store.hpp | `layer_norm`, `batch_norm`, `gelu`, `activation`, `softmax`, ... via a codec |
+ * | torch/store_modules.hpp | `LayerNorm`, `BatchNorm1d/2d/3d`, `GELU`, `SiLU`, ..., `Dropout` |
  * | torch/convert.hpp | `to_dropit(module, policy, {.store = ...})` |
  * | torch/counting_allocator.hpp | `counting_allocator`, `cpu_allocator_guard` |
  * | torch/memory_resource.hpp | `cpu_resource()`: payloads from LibTorch's CPU allocator |
