@@ -9,7 +9,7 @@
  * | torch/policy.hpp | `policy{kind, gamma, seed}`, `live_saved_bytes()` |
  * | torch/functional.hpp | `linear`, `conv2d`, `gpt2_conv1d`; `[leaky_]relu`, `*_pool2d` |
  * | torch/modules.hpp | their modules: `Linear`, ..., `LeakyReLU`, `MaxPool2d`, `AvgPool2d`, ... |
- * | torch/store.hpp | `layer_norm`, `batch_norm`, `gelu`, `activation`, `softmax`, ... via a codec |
+ * | torch/store.hpp | `layer_norm`, `batch_norm`, `gelu`, `activation`, ... through a codec |
  * | torch/store_modules.hpp | `LayerNorm`, `BatchNorm1d/2d/3d`, `GELU`, `SiLU`, ..., `Dropout` |
  * | torch/convert.hpp | `to_dropit(module, policy, {.store = ...})` |
  * | torch/counting_allocator.hpp | `counting_allocator`, `cpu_allocator_guard` |
