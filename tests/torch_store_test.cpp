@@ -394,11 +394,17 @@ TEST_CASE("torch store: to_dropit replaces the activation modules; exact gives L
   const auto report = dt::to_dropit(*exact, dt::policy{}, act);
   CHECK(report.replaced == 7);
   CHECK(report.stored == 7);
-  const char* names[] = {"SiLU", "Mish", "ELU", "CELU", "Softplus", "Tanh", "Sigmoid"};
+  const char* printed[] = {"SiLU(",
+                           "Mish(",
+                           "ELU(alpha=0.5, inplace=true, ",
+                           "CELU(alpha=2, ",
+                           "Softplus(beta=3, threshold=2, ",
+                           "Tanh(",
+                           "Sigmoid("};
   for (std::size_t i = 0; i < 7; ++i) {
     std::ostringstream text;
     text << *exact->ptr(2 * i + 1);
-    CHECK(text.str() == std::string("dropit::torch::") + names[i] + "(store=exact)");
+    CHECK(text.str() == std::string("dropit::torch::") + printed[i] + "store=exact)");
   }
   const auto x = torch::randn({16, 8}) * 2;
   for (auto* m : {&plain, &exact})

@@ -129,7 +129,8 @@ class GELUImpl : public ::torch::nn::GELUImpl, public store_layer {
 };
 
 namespace detail {
-/// The activation_kind, name and parameters of LibTorch's activation module S.
+/// The activation_kind, name and parameters (as values and printed) of LibTorch's activation
+/// module S.
 template <class S>
 struct activation_of;
 template <>
@@ -137,12 +138,14 @@ struct activation_of<::torch::nn::SiLUImpl> {
   static constexpr activation_kind kind = activation_kind::silu;
   static constexpr const char* name = "SiLU";
   static activation_params params(const ::torch::nn::SiLUImpl&) { return {}; }
+  static void print(std::ostream&, const ::torch::nn::SiLUImpl&) {}
 };
 template <>
 struct activation_of<::torch::nn::MishImpl> {
   static constexpr activation_kind kind = activation_kind::mish;
   static constexpr const char* name = "Mish";
   static activation_params params(const ::torch::nn::MishImpl&) { return {}; }
+  static void print(std::ostream&, const ::torch::nn::MishImpl&) {}
 };
 template <>
 struct activation_of<::torch::nn::ELUImpl> {
@@ -150,6 +153,9 @@ struct activation_of<::torch::nn::ELUImpl> {
   static constexpr const char* name = "ELU";
   static activation_params params(const ::torch::nn::ELUImpl& m) {
     return {.alpha = m.options.alpha()};
+  }
+  static void print(std::ostream& out, const ::torch::nn::ELUImpl& m) {
+    out << "alpha=" << m.options.alpha() << ", " << (m.options.inplace() ? "inplace=true, " : "");
   }
 };
 template <>
@@ -159,6 +165,9 @@ struct activation_of<::torch::nn::CELUImpl> {
   static activation_params params(const ::torch::nn::CELUImpl& m) {
     return {.alpha = m.options.alpha()};
   }
+  static void print(std::ostream& out, const ::torch::nn::CELUImpl& m) {
+    out << "alpha=" << m.options.alpha() << ", " << (m.options.inplace() ? "inplace=true, " : "");
+  }
 };
 template <>
 struct activation_of<::torch::nn::SoftplusImpl> {
@@ -167,18 +176,23 @@ struct activation_of<::torch::nn::SoftplusImpl> {
   static activation_params params(const ::torch::nn::SoftplusImpl& m) {
     return {.beta = m.options.beta(), .threshold = m.options.threshold()};
   }
+  static void print(std::ostream& out, const ::torch::nn::SoftplusImpl& m) {
+    out << "beta=" << m.options.beta() << ", threshold=" << m.options.threshold() << ", ";
+  }
 };
 template <>
 struct activation_of<::torch::nn::TanhImpl> {
   static constexpr activation_kind kind = activation_kind::tanh;
   static constexpr const char* name = "Tanh";
   static activation_params params(const ::torch::nn::TanhImpl&) { return {}; }
+  static void print(std::ostream&, const ::torch::nn::TanhImpl&) {}
 };
 template <>
 struct activation_of<::torch::nn::SigmoidImpl> {
   static constexpr activation_kind kind = activation_kind::sigmoid;
   static constexpr const char* name = "Sigmoid";
   static activation_params params(const ::torch::nn::SigmoidImpl&) { return {}; }
+  static void print(std::ostream&, const ::torch::nn::SigmoidImpl&) {}
 };
 }  // namespace detail
 

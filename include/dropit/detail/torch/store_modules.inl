@@ -139,6 +139,7 @@ std::shared_ptr<::torch::nn::Module> ActivationImpl<Standard>::clone(
 template <class Standard>
 void ActivationImpl<Standard>::pretty_print(std::ostream& stream) const {
   stream << "dropit::torch::" << detail::activation_of<Standard>::name << "(";
+  detail::activation_of<Standard>::print(stream, *this);
   print_store(stream, store_.activation);
   stream << ")";
 }
