@@ -1,6 +1,6 @@
-// The LibTorch adapter's mask-saving ops (ReLU, LeakyReLU, MaxPool2d) and shape-saving average
-// poolings against LibTorch's own, the counting allocator on known allocation patterns, and the
-// payload memory resource.
+// The LibTorch adapter's mask-saving ops (ReLU, LeakyReLU, Hardtanh, MaxPool2d) and shape-saving
+// average poolings against LibTorch's own, the counting allocator on known allocation patterns,
+// and the payload memory resource.
 #include <dropit/torch.hpp>
 
 #include "torch_test_support.hpp"
@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -349,6 +350,198 @@ TEST_CASE(
   REQUIRE(copy);
   CHECK(copy->options.negative_slope() == 0.2);
   CHECK(copy->get_policy().kind == dt::policy_kind::identity);
+}
+
+TEST_CASE("torch: the half-precision mask LeakyReLU equals LeakyReLU in float, rounded") {
+  // LibTorch 1.13's CPU LeakyReLU has no half kernels: the oracle computes in float.
+  torch::manual_seed(4);
+  const auto x = (torch::randint(-40, 41, {5, 67}, torch::kFloat) * 0.125).to(torch::kHalf);
+  const auto xf = x.to(torch::kFloat);
+  for (const double slope : {0.01, -0.5}) {
+    CAPTURE(slope);
+    for (const bool in_place : {false, true}) {
+      CAPTURE(in_place);
+      auto [y, gx] = forward_backward(
+          [&](const torch::Tensor& t) {
+            auto h = t * 1.0;
+            return in_place ? dt::leaky_relu_(h, slope) : dt::leaky_relu(h, slope);
+          },
+          x);
+      torch::manual_seed(77);  // forward_backward's output gradient
+      const auto g = torch::randn(x.sizes(), torch::kFloat).to(torch::kHalf);
+      CHECK(same(y, torch::where(xf > 0, xf, xf * slope).to(torch::kHalf)));
+      CHECK(same(gx, torch::where(xf > 0, g, (g.to(torch::kFloat) * slope).to(torch::kHalf))));
+    }
+  }
+}
+
+// ---- Hardtanh, ReLU6 --------------------------------------------------------------------------
+
+/// Values on a 0.25 grid in [-8, 8] with -0.0, NaN, -inf, +inf and the bounds themselves.
+torch::Tensor hardtanh_input(double lo, double hi) {
+  torch::manual_seed(5);
+  auto x = torch::randint(-32, 33, {3, 7, 33}, torch::kFloat) * 0.25;
+  const float specials[] = {-0.0f,
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::infinity(),
+                            static_cast<float>(lo),
+                            static_cast<float>(hi)};
+  for (int i = 0; i < 6; ++i)
+    x.view({-1})[i * 37] = specials[i];
+  return x;
+}
+
+TEST_CASE("torch: mask Hardtanh output and gradient equal LibTorch's, at the bounds and NaN too") {
+  const std::array<std::array<double, 2>, 5> bounds{
+      {{-1.0, 1.0}, {0.0, 6.0}, {-0.3, 0.7}, {0.5, 0.5}, {-2.0, -1.5}}};
+  for (const auto [lo, hi] : bounds) {
+    CAPTURE(lo);
+    CAPTURE(hi);
+    for (auto dtype : {torch::kFloat, torch::kDouble}) {
+      CAPTURE(dtype);
+      const auto x = hardtanh_input(lo, hi).to(dtype);
+      auto [ry, rgx] =
+          forward_backward([&](const torch::Tensor& t) { return torch::hardtanh(t, lo, hi); }, x);
+      for (const bool in_place : {false, true}) {
+        CAPTURE(in_place);
+        auto [y, gx] = forward_backward(
+            [&](const torch::Tensor& t) {
+              if (!in_place) return dt::hardtanh(t, lo, hi);
+              auto h = t * 1.0;
+              return dt::hardtanh_(h, lo, hi);
+            },
+            x);
+        CHECK(same(y, ry));
+        CHECK(same(gx, rgx));
+      }
+    }
+    // bfloat16 (LibTorch has no CPU backward) and half (no CPU op): the definition in float,
+    // the bounds rounded to the dtype as LibTorch rounds them.
+    for (auto dtype : {torch::kBFloat16, torch::kHalf}) {
+      CAPTURE(dtype);
+      const auto x = hardtanh_input(lo, hi).to(dtype);
+      const auto xf = x.to(torch::kFloat);
+      const double a = torch::scalar_tensor(lo).to(dtype).item<double>();
+      const double b = torch::scalar_tensor(hi).to(dtype).item<double>();
+      auto [y, gx] =
+          forward_backward([&](const torch::Tensor& t) { return dt::hardtanh(t, lo, hi); }, x);
+      torch::manual_seed(77);
+      const auto g = torch::randn(x.sizes(), torch::kFloat).to(dtype);
+      CHECK(same(y, torch::hardtanh(xf, a, b).to(dtype)));
+      CHECK(same(gx, torch::where((xf > a).logical_and(xf < b), g, torch::zeros_like(g))));
+    }
+  }
+}
+
+TEST_CASE("torch: mask Hardtanh keeps strides, saves 1 bit per element, refuses bad bounds") {
+  torch::manual_seed(2);
+  const auto ours = [](const torch::Tensor& t) { return dt::hardtanh(t, -0.5, 0.75); };
+  const auto theirs = [](const torch::Tensor& t) { return torch::hardtanh(t, -0.5, 0.75); };
+  const auto cl = torch::randn({2, 3, 5, 4}).contiguous(torch::MemoryFormat::ChannelsLast);
+  const auto tr = torch::randn({6, 9}).t();  // not dense in memory order: goes through a copy
+  for (const auto& x : {cl, tr}) {
+    auto [y, gx] = forward_backward(ours, x);
+    auto [ry, rgx] = forward_backward(theirs, x);
+    CHECK(y.strides() == ry.strides());
+    CHECK(same(y, ry));
+    CHECK(same(gx, rgx));
+  }
+  // a strided view in place: processed out of place, the handle rebound to the result
+  const auto base = torch::randn({6, 9}).t().contiguous();
+  auto [vy, vgx] = forward_backward(
+      [](const torch::Tensor& t) {
+        auto h = (t * 1.0).t();
+        return dt::hardtanh_(h, -0.5, 0.75);
+      },
+      base);
+  auto [rvy, rvgx] =
+      forward_backward([&](const torch::Tensor& t) { return theirs((t * 1.0).t()); }, base);
+  CHECK(same(vy, rvy));
+  CHECK(same(vgx, rvgx));
+
+  dt::counting_allocator counter;
+  dt::cpu_allocator_guard install(counter);
+  auto x = torch::randn({1 << 16}).requires_grad_(true);
+  CHECK(graph_bytes(counter, x, ours) == (1u << 16) / 8);
+  CHECK(graph_bytes(counter, x, theirs) == (1u << 16) * 4);
+  auto h = x * 1.0;  // in place: the input's memory is reused, the mask is all that is saved
+  const void* storage = h.data_ptr();
+  const auto masks_before = dt::live_saved_bytes().masks;
+  auto out = dt::hardtanh_(h, -0.5, 0.75);
+  CHECK(out.data_ptr() == storage);
+  CHECK(dt::live_saved_bytes().masks - masks_before == (1 << 16) / 8);
+  out.sum().backward();
+  const auto inside = (x.detach() > -0.5).logical_and(x.detach() < 0.75);
+  CHECK(torch::equal(x.grad(), inside.to(torch::kFloat)));
+  CHECK(dt::live_saved_bytes().masks == masks_before);
+
+  // min_val > max_val, or a NaN bound: a dropit::error, with or without a gradient
+  const auto nan = std::numeric_limits<double>::quiet_NaN();
+  auto z = torch::randn({4}, torch::requires_grad());
+  CHECK_THROWS_WITH_AS((void)dt::hardtanh(z, 1.0, 0.0),
+                       doctest::Contains("min_val (1) must not exceed max_val (0)"), dropit::error);
+  CHECK_THROWS_AS((void)dt::hardtanh(z.detach(), nan, 1.0), dropit::error);
+  auto w = z * 1.0;
+  CHECK_THROWS_AS((void)dt::hardtanh_(w, 0.0, nan), dropit::error);
+}
+
+TEST_CASE("torch: hardtanh and hardtanh_ under create_graph: double backward equals LibTorch's") {
+  torch::manual_seed(6);
+  const auto x = torch::randint(-3, 4, {2, 3, 5, 6}, torch::kFloat) * 0.5;
+  for (bool in_place : {false, true}) {
+    CAPTURE(in_place);
+    const auto [gx, ggx] = gradient_penalty(x, [&](torch::Tensor& h) {
+      return in_place ? dt::hardtanh_(h, -1.0, 1.5) : dt::hardtanh(h, -1.0, 1.5);
+    });
+    const auto [rgx, rggx] =
+        gradient_penalty(x, [](torch::Tensor& h) { return torch::hardtanh(h, -1.0, 1.5); });
+    CHECK(same(gx, rgx));
+    CHECK(same(ggx, rggx));
+  }
+}
+
+TEST_CASE("torch: the Hardtanh and ReLU6 modules: masks in training, replaced by to_dropit") {
+  namespace nn = torch::nn;
+  const auto make = [] {
+    torch::manual_seed(3);
+    return nn::Sequential(
+        nn::Linear(6, 8), nn::Hardtanh(nn::HardtanhOptions().min_val(-0.25).max_val(0.5)),
+        nn::Linear(8, 8), nn::ReLU6(nn::ReLU6Options().inplace(true)), nn::Linear(8, 3));
+  };
+  auto plain = make(), ours = make();
+  const auto report = dt::to_dropit(*ours, make_policy(dt::policy_kind::identity));
+  CHECK(report.replaced == 5);
+  REQUIRE(ours[1]->as<dt::HardtanhImpl>() != nullptr);
+  REQUIRE(ours[3]->as<dt::ReLU6Impl>() != nullptr);
+  std::ostringstream text;
+  text << *ours[1] << "\n" << *ours[3];
+  CHECK(text.str().starts_with("dropit::torch::Hardtanh(min_val=-0.25, max_val=0.5, policy="));
+  CHECK(text.str().find("\ndropit::torch::ReLU6(inplace=true, policy=") != std::string::npos);
+  const auto x = torch::randn({10, 6}) * 4;
+  for (auto* m : {&plain, &ours})
+    (*m)->forward(x).pow(2).sum().backward();
+  for (std::size_t i = 0; i < plain->parameters().size(); ++i)
+    CHECK(torch::equal(ours->parameters()[i].grad(), plain->parameters()[i].grad()));
+  const auto before = dt::live_saved_bytes().masks;
+  auto y = ours->forward(x);
+  CHECK(dt::live_saved_bytes().masks - before == 2 * ((10 * 8 + 31) / 32) * 4);
+  ours->eval();  // eval mode runs LibTorch's op and saves nothing
+  auto ye = ours->forward(x);
+  CHECK(dt::live_saved_bytes().masks - before == 2 * ((10 * 8 + 31) / 32) * 4);
+  plain->eval();
+  CHECK(torch::equal(ye, plain->forward(x)));
+  auto off = make();
+  dt::convert_options no_masks;
+  no_masks.masks = false;
+  (void)dt::to_dropit(*off, make_policy(dt::policy_kind::mink), no_masks);
+  CHECK(off[1]->as<dt::HardtanhImpl>() == nullptr);
+  CHECK(off[3]->as<dt::ReLU6Impl>() == nullptr);
+  auto copy = std::dynamic_pointer_cast<dt::HardtanhImpl>(ours[1]->as<dt::HardtanhImpl>()->clone());
+  REQUIRE(copy);
+  CHECK(copy->options.max_val() == 0.5);
+  CHECK(copy->get_policy().kind == dt::policy_kind::identity);
+  CHECK(std::dynamic_pointer_cast<dt::ReLU6Impl>(ours[3]->as<dt::ReLU6Impl>()->clone()));
 }
 
 // ---- MaxPool2d -------------------------------------------------------------------------------

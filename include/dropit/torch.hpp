@@ -7,7 +7,7 @@
  * | header | what |
  * | --- | --- |
  * | torch/policy.hpp | `policy{kind, gamma, seed}`, `live_saved_bytes()` |
- * | torch/functional.hpp | `linear`, `conv2d`, `gpt2_conv1d`; `[leaky_]relu`, `*_pool2d` |
+ * | torch/functional.hpp | `linear`, `conv2d`, ...; `[leaky_]relu`, `hardtanh`, `*_pool2d` |
  * | torch/modules.hpp | their modules: `Linear`, ..., `LeakyReLU`, `MaxPool2d`, `AvgPool2d`, ... |
  * | torch/store.hpp | `layer_norm`, `batch_norm`, `gelu`, `activation`, ... through a codec |
  * | torch/store_modules.hpp | `LayerNorm`, `BatchNorm1d/2d/3d`, `GELU`, `SiLU`, ..., `Dropout` |

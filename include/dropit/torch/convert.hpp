@@ -5,8 +5,8 @@
  *
  * LibTorch's C++ modules cannot have their `forward` patched at run time, so there are two ways in:
  * - build the model from dropit's layer types (`dropit::torch::Linear`, `Conv2d`, `Conv1D`,
- *   `ReLU`, `LeakyReLU`, `MaxPool2d`, `AvgPool2d`, `AdaptiveAvgPool2d`; modules.hpp), which works
- * for any module, or
+ *   `ReLU`, `LeakyReLU`, `Hardtanh`, `ReLU6`, `MaxPool2d`, `AvgPool2d`, `AdaptiveAvgPool2d`;
+ *   modules.hpp), which works for any module, or
  * - build it from `torch::nn` layers held in `Sequential`/`ModuleList` containers and call
  *   `to_dropit(model, policy)`, which swaps them in place.
  * A standard layer held as a named member of your own module is called through its own type by your
@@ -32,8 +32,9 @@ struct convert_options {
   /// Replace standard `Linear`, `Conv2d` (and, with `masks`, the ReLUs and poolings below)
   /// children of `Sequential`/`ModuleList` containers.
   bool replace = true;
-  /// Replace `ReLU`, `LeakyReLU` and `MaxPool2d` by their mask-saving versions too, and
-  /// `AvgPool2d` and `AdaptiveAvgPool2d` by theirs that save the input's sizes only.
+  /// Replace `ReLU`, `LeakyReLU`, `Hardtanh`, `ReLU6` and `MaxPool2d` by their mask-saving
+  /// versions too, and `AvgPool2d` and `AdaptiveAvgPool2d` by theirs that save the input's sizes
+  /// only.
   bool masks = true;
   /// With `masks`: where a Sequential runs a MaxPool2d and then a ReLU (neither excluded), the
   /// pooling applies the ReLU and saves window codes only for the outputs the ReLU passes

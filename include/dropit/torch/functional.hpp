@@ -1,8 +1,8 @@
 /**
  * @file functional.hpp
  * @brief The autograd functions of the LibTorch adapter, as plain functions: Linear, Conv2d and
- * GPT-2's Conv1D save their input through a `SparseCache`; ReLU, LeakyReLU and MaxPool2d save a
- * bit mask; the average poolings save their input's sizes only.
+ * GPT-2's Conv1D save their input through a `SparseCache`; ReLU, LeakyReLU, Hardtanh and MaxPool2d
+ * save a bit mask; the average poolings save their input's sizes only.
  *
  * Each function runs LibTorch's plain op when the policy is `none`, when grad mode is off, or when
  * nothing that needs the saved tensor requires a gradient. Otherwise it runs a
@@ -126,6 +126,30 @@ at::Tensor relu_(at::Tensor& x);
  * @throw dropit::error for an unsupported device or dtype.
  */
 at::Tensor leaky_relu_(at::Tensor& x, double negative_slope = 0.01);
+
+/**
+ * @brief Hardtanh (`min(max(x, min_val), max_val)`, as `at::hardtanh`; ReLU6 is (0, 6)) that
+ * saves one bit per element (min_val < x < max_val) instead of its input, when x requires a
+ * gradient and grad mode is on; else `at::hardtanh(x, min_val, max_val)`.
+ *
+ * Output and gradient equal LibTorch's: the incoming gradient strictly inside the bounds, 0 at
+ * and beyond them and for NaN (as LibTorch's vectorized kernel; its scalar tail passes NaN). In
+ * bfloat16 and half too (the bounds rounded to the dtype, as LibTorch does), where LibTorch 1.13's
+ * CPU kernels have no backward (bfloat16) or no op (half). Under `create_graph` the backward runs
+ * LibTorch's differentiable `threshold_backward` on the mask as a 0/1 tensor, so double backward
+ * works.
+ * @throw dropit::error if min_val > max_val (or either is NaN), for an unsupported device or
+ * dtype.
+ */
+[[nodiscard]] at::Tensor hardtanh(const at::Tensor& x, double min_val = -1.0, double max_val = 1.0);
+
+/**
+ * @brief In-place `hardtanh` (as `at::hardtanh_`): x is overwritten and only the 1-bit mask is
+ * saved. A non-dense x (a strided view) is processed out of place and x is rebound to the result.
+ * @return x
+ * @throw dropit::error as `hardtanh`.
+ */
+at::Tensor hardtanh_(at::Tensor& x, double min_val = -1.0, double max_val = 1.0);
 
 /// @brief Window of a 2-d max pooling (stride 0 means stride = kernel).
 struct max_pool2d_params {

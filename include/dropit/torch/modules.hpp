@@ -1,8 +1,8 @@
 /**
  * @file modules.hpp
  * @brief Drop-in dropit layers for LibTorch: `Linear`, `Conv2d`, `Conv1D` (GPT-2), `ReLU`,
- * `LeakyReLU`, `MaxPool2d`, `AvgPool2d` and `AdaptiveAvgPool2d`, with the options of their
- * `torch::nn` counterparts, usable in `Sequential`.
+ * `LeakyReLU`, `Hardtanh`, `ReLU6`, `MaxPool2d`, `AvgPool2d` and `AdaptiveAvgPool2d`, with the
+ * options of their `torch::nn` counterparts, usable in `Sequential`.
  *
  * @code
  * namespace dt = dropit::torch;
@@ -206,6 +206,46 @@ class LeakyReLUImpl : public ::torch::nn::LeakyReLUImpl, public layer {
 };
 
 /**
+ * @brief Hardtanh that saves a 1-bit mask (min_val < x < max_val) instead of its input; see
+ * `torch::nn::HardtanhImpl`. With `inplace`, it overwrites its input (`hardtanh_`).
+ */
+class HardtanhImpl : public ::torch::nn::HardtanhImpl, public layer {
+ public:
+  /// @brief As `torch::nn::Hardtanh(options)`.
+  explicit HardtanhImpl(const ::torch::nn::HardtanhOptions& options = {}, const policy& p = {});
+  /// @brief Takes over a standard layer's options and training mode.
+  explicit HardtanhImpl(const ::torch::nn::HardtanhImpl& other, const policy& p = {});
+
+  /// @brief `min(max(x, min_val), max_val)`.
+  at::Tensor forward(const at::Tensor& input);
+  /// @copydoc LinearImpl::clone
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  /// @brief "dropit::torch::Hardtanh(min_val=.., max_val=.., policy=..)".
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/**
+ * @brief ReLU6 (Hardtanh on (0, 6)) that saves a 1-bit mask (0 < x < 6) instead of its input;
+ * see `torch::nn::ReLU6Impl`. With `inplace`, it overwrites its input.
+ */
+class ReLU6Impl : public ::torch::nn::ReLU6Impl, public layer {
+ public:
+  /// @brief As `torch::nn::ReLU6(options)`.
+  explicit ReLU6Impl(const ::torch::nn::ReLU6Options& options = {}, const policy& p = {});
+  /// @brief Takes over a standard layer's options and training mode.
+  explicit ReLU6Impl(const ::torch::nn::ReLU6Impl& other, const policy& p = {});
+
+  /// @brief `min(max(x, 0), 6)`.
+  at::Tensor forward(const at::Tensor& input);
+  /// @copydoc LinearImpl::clone
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  /// @brief "dropit::torch::ReLU6(policy=..)".
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/**
  * @brief 2-d max pooling that saves each window's argmax in a few bits instead of its dense
  * input and int64 indices; see `torch::nn::MaxPool2dImpl`.
  */
@@ -308,6 +348,18 @@ class LeakyReLU : public ::torch::nn::ModuleHolder<LeakyReLUImpl> {
  public:
   using ::torch::nn::ModuleHolder<LeakyReLUImpl>::ModuleHolder;
   using Impl = LeakyReLUImpl;  ///< the module type
+};
+/// @brief Module holder of `HardtanhImpl`.
+class Hardtanh : public ::torch::nn::ModuleHolder<HardtanhImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<HardtanhImpl>::ModuleHolder;
+  using Impl = HardtanhImpl;  ///< the module type
+};
+/// @brief Module holder of `ReLU6Impl`.
+class ReLU6 : public ::torch::nn::ModuleHolder<ReLU6Impl> {
+ public:
+  using ::torch::nn::ModuleHolder<ReLU6Impl>::ModuleHolder;
+  using Impl = ReLU6Impl;  ///< the module type
 };
 /// @brief Module holder of `MaxPool2dImpl`.
 class MaxPool2d : public ::torch::nn::ModuleHolder<MaxPool2dImpl> {

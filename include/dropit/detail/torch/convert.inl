@@ -42,6 +42,8 @@ inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, cons
   return (p.active() && o.masks &&
           (replace_as<ReLUImpl, ::torch::nn::ReLUImpl>(m, p, out) ||
            replace_as<LeakyReLUImpl, ::torch::nn::LeakyReLUImpl>(m, p, out) ||
+           replace_as<HardtanhImpl, ::torch::nn::HardtanhImpl>(m, p, out) ||
+           replace_as<ReLU6Impl, ::torch::nn::ReLU6Impl>(m, p, out) ||
            replace_as<AvgPool2dImpl, ::torch::nn::AvgPool2dImpl>(m, p, out) ||
            replace_as<AdaptiveAvgPool2dImpl, ::torch::nn::AdaptiveAvgPool2dImpl>(m, p, out) ||
            replace_as<MaxPool2dImpl, ::torch::nn::MaxPool2dImpl>(m, p, out))) ||

@@ -421,18 +421,38 @@ template <class Kernel>
   return gx;
 }
 
-struct relu_fn : ::torch::autograd::Function<relu_fn> {
-  // Works on the elements in memory order (any dense layout, channels-last included); the mask
-  // follows that order, and the output and gradient keep x's strides.
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
-    const at::Tensor xc = x.is_non_overlapping_and_dense() ? x : x.contiguous();
-    at::Tensor y = at::empty_like(xc);
+/// The bounds of a mask Hardtanh; none for a mask ReLU.
+using clamp_bounds = c10::optional<std::array<double, 2>>;
+
+/**
+ * A mask ReLU (no bounds: y = x > 0 ? x : +0, the gradient passes where !(x <= 0), NaN included)
+ * or Hardtanh (y = min(max(x, lo), hi), the gradient passes where lo < x < hi), out of place or
+ * in place on a dense x. Both backwards are "g where the mask is set, +0 elsewhere". Works on the
+ * elements in memory order (any dense layout, channels-last included); the mask follows that
+ * order, and the output and gradient keep x's strides.
+ */
+struct clamp_mask_fn : ::torch::autograd::Function<clamp_mask_fn> {
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, bool in_place,
+                            const clamp_bounds& bounds) {
+    const at::Tensor xc = in_place || x.is_non_overlapping_and_dense() ? x : x.contiguous();
+    at::Tensor y = in_place ? x : at::empty_like(xc);
     const std::int64_t n = xc.numel();
     at::Tensor mask = make_mask((n + 31) / 32);
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "dropit_relu", [&] {
-      relu_mask_forward(xc.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
-                        reinterpret_cast<std::uint32_t*>(mask.data_ptr()), n);
-    });
+    auto* words = reinterpret_cast<std::uint32_t*>(mask.data_ptr());
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kBFloat16, at::kHalf, xc.scalar_type(), "dropit_clamp", [&] {
+          if (bounds) {
+            // the bounds rounded to the element type (through float for the 16-bit ones)
+            const auto bound = [](double v) {
+              return static_cast<scalar_t>(static_cast<acc_t<scalar_t>>(v));
+            };
+            hardtanh_mask_forward(xc.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
+                                  bound((*bounds)[0]), bound((*bounds)[1]), words, n);
+          } else {
+            relu_mask_forward(xc.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), words, n);
+          }
+        });
+    if (in_place) ctx->mark_dirty({x});
     ctx->save_for_backward({mask});
     ctx->saved_data["sizes"] = xc.sizes();
     ctx->saved_data["strides"] = xc.strides();
@@ -442,39 +462,24 @@ struct relu_fn : ::torch::autograd::Function<relu_fn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor mask = ctx->get_saved_variables()[0];
     if (::torch::autograd::GradMode::is_enabled()) {
-      // create_graph: LibTorch's differentiable threshold_backward on the mask as a 0/1 tensor.
-      return {at::threshold_backward(grads[0], mask_as_tensor(ctx, mask, grads[0].options()), 0)};
+      // create_graph: LibTorch's differentiable threshold_backward on the mask as a 0/1 tensor
+      // (what its threshold_backward and hardtanh_backward compute from their saved tensor).
+      return {at::threshold_backward(grads[0], mask_as_tensor(ctx, mask, grads[0].options()), 0),
+              {},
+              {}};
     }
-    return {mask_op_grad(ctx, grads[0], [&](const at::Tensor& g, at::Tensor& gx) {
-      AT_DISPATCH_FLOATING_TYPES_AND2(
-          at::kBFloat16, at::kHalf, g.scalar_type(), "dropit_relu_bw", [&] {
-            relu_mask_backward(g.data_ptr<scalar_t>(),
-                               reinterpret_cast<const std::uint32_t*>(mask.data_ptr()),
-                               gx.data_ptr<scalar_t>(), g.numel());
-          });
-    })};
-  }
-};
-
-/// In-place mask ReLU: x is overwritten with relu(x) (x must be dense, as LibTorch's relu_ allows
-/// it only where autograd does).
-struct relu_inplace_fn : ::torch::autograd::Function<relu_inplace_fn> {
-  static at::Tensor forward(AutogradContext* ctx, at::Tensor x) {
-    const std::int64_t n = x.numel();
-    at::Tensor mask = make_mask((n + 31) / 32);
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "dropit_relu_", [&] {
-      relu_mask_forward(x.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
-                        reinterpret_cast<std::uint32_t*>(mask.data_ptr()), n);
-    });
-    ctx->mark_dirty({x});
-    ctx->save_for_backward({mask});
-    ctx->saved_data["sizes"] = x.sizes();
-    ctx->saved_data["strides"] = x.strides();
-    return x;
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return relu_fn::backward(ctx, std::move(grads));
+    return {mask_op_grad(ctx, grads[0],
+                         [&](const at::Tensor& g, at::Tensor& gx) {
+                           AT_DISPATCH_FLOATING_TYPES_AND2(
+                               at::kBFloat16, at::kHalf, g.scalar_type(), "dropit_clamp_bw", [&] {
+                                 select_by_mask(
+                                     g.data_ptr<scalar_t>(),
+                                     reinterpret_cast<const std::uint32_t*>(mask.data_ptr()),
+                                     gx.data_ptr<scalar_t>(), g.numel());
+                               });
+                         }),
+            {},
+            {}};
   }
 };
 
@@ -774,7 +779,7 @@ inline at::Tensor relu(const at::Tensor& x) {
   if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad()) return at::relu(x);
   detail::check_mask_op(x, "relu");
   (void)detail::engine_owned_use_count();
-  return detail::relu_fn::apply(x);
+  return detail::clamp_mask_fn::apply(x, false, detail::clamp_bounds{});
 }
 
 inline at::Tensor leaky_relu(const at::Tensor& x, double negative_slope) {
@@ -799,6 +804,32 @@ inline at::Tensor leaky_relu_(at::Tensor& x, double negative_slope) {
   return detail::leaky_relu_fn::apply(x, negative_slope, true);
 }
 
+inline at::Tensor hardtanh(const at::Tensor& x, double min_val, double max_val) {
+  DROPIT_EXPECTS(min_val <= max_val, "torch::hardtanh: min_val (", min_val,
+                 ") must not exceed max_val (", max_val, ")");
+  if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad()) {
+    return at::hardtanh(x, min_val, max_val);
+  }
+  detail::check_mask_op(x, "hardtanh");
+  (void)detail::engine_owned_use_count();
+  return detail::clamp_mask_fn::apply(x, false, detail::clamp_bounds{{min_val, max_val}});
+}
+
+inline at::Tensor hardtanh_(at::Tensor& x, double min_val, double max_val) {
+  DROPIT_EXPECTS(min_val <= max_val, "torch::hardtanh_: min_val (", min_val,
+                 ") must not exceed max_val (", max_val, ")");
+  if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad()) {
+    return at::hardtanh_(x, min_val, max_val);
+  }
+  if (!x.is_non_overlapping_and_dense()) {
+    x = dropit::torch::hardtanh(x, min_val, max_val);  // a strided view: out of place
+    return x;
+  }
+  detail::check_mask_op(x, "hardtanh_");
+  (void)detail::engine_owned_use_count();
+  return detail::clamp_mask_fn::apply(x, true, detail::clamp_bounds{{min_val, max_val}});
+}
+
 inline at::Tensor relu_(at::Tensor& x) {
   if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad() ||
       !x.is_non_overlapping_and_dense()) {
@@ -810,7 +841,7 @@ inline at::Tensor relu_(at::Tensor& x) {
   }
   detail::check_mask_op(x, "relu_");
   (void)detail::engine_owned_use_count();
-  return detail::relu_inplace_fn::apply(x);
+  return detail::clamp_mask_fn::apply(x, true, detail::clamp_bounds{});
 }
 
 inline at::Tensor max_pool2d(const at::Tensor& x, const max_pool2d_params& params) {

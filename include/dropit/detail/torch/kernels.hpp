@@ -153,12 +153,6 @@ void select_by_mask(const T* g, const std::uint32_t* words, T* out, std::int64_t
   });
 }
 
-/// gx = g where the mask is set, 0 elsewhere.
-template <class T>
-void relu_mask_backward(const T* g, const std::uint32_t* words, T* gx, std::int64_t n) {
-  select_by_mask(g, words, gx, n);
-}
-
 /// Words of a mask kernel with no SIMD path (every word goes through the scalar loop).
 inline constexpr auto no_wide_words = [](std::int64_t w0, std::int64_t) { return w0; };
 
@@ -190,6 +184,24 @@ void leaky_relu_mask_backward(const T* g, const std::uint32_t* words, acc_t<T> s
       const T v = g[base + j];
       gx[base + j] = (m >> j & 1u) != 0 ? v : static_cast<T>(static_cast<acc_t<T>>(v) * slope);
     }
+  });
+}
+
+/// y = Hardtanh(x) as LibTorch computes it (min(max(x, lo), hi) with the bounds in T: -0.0 and
+/// NaN pass through) and the mask lo < x < hi (where its gradient passes; not at a bound, not for
+/// NaN). y may be x.
+template <class T>
+void hardtanh_mask_forward(const T* x, T* y, T lo, T hi, std::uint32_t* words, std::int64_t n) {
+  const auto a = static_cast<acc_t<T>>(lo), b = static_cast<acc_t<T>>(hi);
+  for_each_mask_word(n, no_wide_words, [&](std::int64_t w, std::int64_t base, int count) {
+    std::uint32_t m = 0;
+    for (int j = 0; j < count; ++j) {
+      const T v = x[base + j];
+      const auto f = static_cast<acc_t<T>>(v);
+      y[base + j] = f < a ? lo : (b < f ? hi : v);
+      m |= static_cast<std::uint32_t>(f > a && f < b) << j;
+    }
+    words[w] = m;
   });
 }
 

@@ -309,6 +309,72 @@ inline void LeakyReLUImpl::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
+// ---- Hardtanh, ReLU6 -----------------------------------------------------------------------
+
+inline HardtanhImpl::HardtanhImpl(const ::torch::nn::HardtanhOptions& options, const policy& p)
+    : ::torch::nn::HardtanhImpl(options), layer(p) {
+}
+
+inline HardtanhImpl::HardtanhImpl(const ::torch::nn::HardtanhImpl& other, const policy& p)
+    : ::torch::nn::Module(other), ::torch::nn::HardtanhImpl(other), layer(p) {
+}
+
+inline at::Tensor HardtanhImpl::forward(const at::Tensor& input) {
+  if (!step_policy(is_training()).active()) return ::torch::nn::HardtanhImpl::forward(input);
+  if (options.inplace()) {
+    at::Tensor x = input;
+    return dropit::torch::hardtanh_(x, options.min_val(), options.max_val());
+  }
+  return dropit::torch::hardtanh(input, options.min_val(), options.max_val());
+}
+
+inline std::shared_ptr<::torch::nn::Module> HardtanhImpl::clone(
+    const c10::optional<c10::Device>&) const {
+  auto copy = std::make_shared<HardtanhImpl>(options, get_policy());
+  copy->exclude(excluded());
+  copy->train(is_training());
+  return copy;
+}
+
+inline void HardtanhImpl::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::Hardtanh(min_val=" << options.min_val()
+         << ", max_val=" << options.max_val() << ", "
+         << (options.inplace() ? "inplace=true, " : "");
+  print_policy(stream);
+  stream << ")";
+}
+
+inline ReLU6Impl::ReLU6Impl(const ::torch::nn::ReLU6Options& options, const policy& p)
+    : ::torch::nn::ReLU6Impl(options), layer(p) {
+}
+
+inline ReLU6Impl::ReLU6Impl(const ::torch::nn::ReLU6Impl& other, const policy& p)
+    : ::torch::nn::Module(other), ::torch::nn::ReLU6Impl(other), layer(p) {
+}
+
+inline at::Tensor ReLU6Impl::forward(const at::Tensor& input) {
+  if (!step_policy(is_training()).active()) return ::torch::nn::ReLU6Impl::forward(input);
+  if (options.inplace()) {
+    at::Tensor x = input;
+    return dropit::torch::hardtanh_(x, 0.0, 6.0);
+  }
+  return dropit::torch::hardtanh(input, 0.0, 6.0);
+}
+
+inline std::shared_ptr<::torch::nn::Module> ReLU6Impl::clone(
+    const c10::optional<c10::Device>&) const {
+  auto copy = std::make_shared<ReLU6Impl>(options, get_policy());
+  copy->exclude(excluded());
+  copy->train(is_training());
+  return copy;
+}
+
+inline void ReLU6Impl::pretty_print(std::ostream& stream) const {
+  stream << "dropit::torch::ReLU6(" << (options.inplace() ? "inplace=true, " : "");
+  print_policy(stream);
+  stream << ")";
+}
+
 // ---- MaxPool2d -----------------------------------------------------------------------------
 
 inline MaxPool2dImpl::MaxPool2dImpl(const ::torch::nn::MaxPool2dOptions& options, const policy& p)
