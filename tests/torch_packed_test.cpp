@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -123,7 +124,7 @@ TEST_CASE("torch packed_mask: 1 where ReLU's backward passes the gradient, NaN i
   {  // a dropout's noise restores only with its value
     const auto noise = torch::tensor({0.0f, 2.0f, 2.0f, 0.0f});
     CHECK_THROWS_WITH_AS((void)dt::packed_mask::dropout(noise).restore_bool(),
-                         doctest::Contains("restore_bool of a dropout"), dropit::error);
+                         doctest::Contains("(not 1 and 0); use restore()"), dropit::error);
     CHECK_THROWS_AS((void)dt::packed_mask{}.restore_bool(), dropit::error);
   }
   const auto cl =
@@ -168,6 +169,71 @@ TEST_CASE("torch packed_mask::dropout: a dropout's noise (0 or 1 / (1 - p)) back
       doctest::Contains("positive finite"), dropit::error);
   CHECK_THROWS_WITH_AS((void)dt::packed_mask::dropout(torch::arange(4)),
                        doctest::Contains("floating-point"), dropit::error);
+}
+
+TEST_CASE(
+    "torch packed_mask: LeakyReLU and Hardtanh masks back as tensors their backward reads "
+    "alike") {
+  const auto source = [](at::ScalarType dtype) {
+    torch::manual_seed(6);
+    auto t = torch::randint(-16, 17, {5, 7, 33}, torch::kFloat) * 0.25;
+    const float specials[] = {-0.0f,
+                              std::numeric_limits<float>::quiet_NaN(),
+                              -std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::infinity(),
+                              -1.0f,
+                              1.0f,
+                              6.0f,
+                              3.2e38f};
+    for (int i = 0; i < 8; ++i)
+      t.view({-1})[i * 41] = specials[i];
+    return t.to(dtype).transpose(0, 2).contiguous().transpose(0, 2);  // dense, permuted
+  };
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16}) {
+    CAPTURE(dtype);
+    const auto t = source(dtype);
+    const auto g = torch::randn(t.sizes()).to(dtype);
+    const auto m = dt::packed_mask::leaky_relu(t);
+    CHECK(m.bytes() == static_cast<std::size_t>((t.numel() + 31) / 32 * 4));
+    const auto r = m.restore();
+    CHECK(r.strides() == t.strides());
+    CHECK(torch::equal(r, t.gt(0).to(dtype)));  // NaN: 0 (the gradient is scaled)
+    for (const double slope : {0.01, 0.2})
+      CHECK(torch::equal(at::leaky_relu_backward(g, r, slope, false),
+                         at::leaky_relu_backward(g, t, slope, false)));
+  }
+  // Hardtanh: LibTorch has no bfloat16 backward on the CPU; the last bounds have no float
+  // midpoint (their sum overflows), so an element inside stands for all.
+  const std::array<std::array<double, 2>, 5> bounds{
+      {{-1.0, 1.0}, {0.0, 6.0}, {-2.0, -0.5}, {-0.3, 0.7}, {3.0e38, 3.4e38}}};
+  for (auto dtype : {torch::kFloat, torch::kDouble}) {
+    for (const auto [lo, hi] : bounds) {
+      CAPTURE(dtype);
+      CAPTURE(lo);
+      const auto t = source(dtype);
+      const auto g = torch::randn(t.sizes()).to(dtype);
+      const auto m = dt::packed_mask::hardtanh(t, lo, hi);
+      const auto r = m.restore();
+      const auto inside = t.gt(lo).logical_and(t.lt(hi));
+      CHECK(torch::equal(r.gt(lo).logical_and(r.lt(hi)), inside));
+      CHECK(torch::equal(r.masked_select(inside.logical_not()),
+                         torch::full({(~inside).sum().item<std::int64_t>()}, lo, dtype)));
+      // LibTorch's kernel blocks a NaN in its vector loop and passes it in its scalar tail (here,
+      // with g and t in different layouts, the NaN falls in a tail): compared apart.
+      const auto nan = t.isnan();
+      const auto ours = at::hardtanh_backward(g, r, lo, hi);
+      CHECK(torch::equal(ours.masked_fill(nan, 0),
+                         at::hardtanh_backward(g, t, lo, hi).masked_fill(nan, 0)));
+      CHECK(torch::equal(ours.masked_select(nan), torch::zeros({1}, dtype)));
+      // the bool view is only for 0/1 masks
+      if (lo != 0) CHECK_THROWS_AS((void)m.restore_bool(), dropit::error);
+    }
+  }
+  const auto t = source(torch::kFloat);
+  CHECK_THROWS_WITH_AS((void)dt::packed_mask::hardtanh(t, 1.0, -1.0),
+                       doctest::Contains("min_val (1) must not exceed max_val (-1)"),
+                       dropit::error);
+  CHECK_THROWS_AS((void)dt::packed_mask::leaky_relu(torch::ones({3}, torch::kLong)), dropit::error);
 }
 
 TEST_CASE("torch packed_pool_indices: LibTorch's indices back, for every window shape") {

@@ -33,7 +33,7 @@ pack hook hands dropit's C++ library only the tensors it must:
   int64 indices then become window positions and whose saved input (read by backward for its
   shape only) a shape; so does the input a Conv2d's padding mode pads.
 
-LeakyReLU and ReLU6 / Hardtanh (``min_val >= 0``): their saved input (in place: output) becomes
+LeakyReLU and ReLU6 / Hardtanh (any bounds): their saved input (in place: output) becomes
 1 bit per element, restored as a tensor their backward reads the same way (``_pack_mask``).
 Average poolings (AvgPool1d/2d/3d, AdaptiveAvgPool1d/2d/3d): their saved input, a contiguous one,
 becomes its shape (their backward reads nothing else).
@@ -55,7 +55,6 @@ With ``store=`` the tensors DropIT leaves dense are kept through a value codec (
 
 Everything else passes through unchanged.
 """
-import functools
 import sys
 import threading
 import types
@@ -601,22 +600,16 @@ class _Scope:
         """A LeakyReLU's or a Hardtanh's (ReLU6's) saved input (or, in place, result) t as 1 bit
         per element: where its backward passes the gradient as is. The bits restore to a tensor
         that its backward reads the same way: for LeakyReLU 1 where t > 0 and 0 elsewhere
-        (`t > 0 ? g : g * slope`), for Hardtanh(lo, hi) with lo >= 0 (so 0 lies outside) (lo + hi)
-        / 2 where lo < t < hi and 0 elsewhere. A NaN blocks the gradient, as PyTorch 1.13's
+        (`t > 0 ? g : g * slope`), for Hardtanh(lo, hi) a value strictly inside the bounds where
+        lo < t < hi and lo elsewhere. A NaN blocks the Hardtanh gradient, as PyTorch 1.13's
         vectorized hardtanh_backward does (its scalar tail lets it through)."""
         if not t.is_floating_point() or t.shape != x.shape or _is_parameter_like(t):
             return t
         module = self.layer.module()
-        if isinstance(module, nn.LeakyReLU):
-            passes, value = t > 0, 1.0
-        else:
-            lo, hi = float(module.min_val), float(module.max_val)
-            value = _inner_midpoint(lo, hi, t.dtype)
-            if value is None:
-                return t
-            passes = (t > lo) & (t < hi)
         try:
-            return _C._pack_dropout(passes.to(t.dtype).mul_(value))
+            if isinstance(module, nn.LeakyReLU):
+                return _C._pack_leaky_relu(t)
+            return _C._pack_hardtanh(t, float(module.min_val), float(module.max_val))
         except _C.Error:
             return t
 
@@ -640,16 +633,6 @@ class _Scope:
         # No autograd history: a copy of x when x needs no gradient (then only the weight
         # gradient, which reads x, is computed); else a frozen parameter's copy.
         return not t.requires_grad and not self.x_requires_grad
-
-
-@functools.lru_cache(maxsize=None)
-def _inner_midpoint(lo, hi, dtype):
-    """(lo + hi) / 2 when it is exact in `dtype` and lies strictly between lo and hi (what a
-    Hardtanh mask restores to where the gradient passes), else None."""
-    value = (lo + hi) / 2
-    if float(torch.tensor(value, dtype=dtype)) != value or not lo < value < hi:
-        return None
-    return value
 
 
 def _stack():
@@ -765,8 +748,7 @@ def _kind(module, masks, store=frozenset()):
         return "pool"
     if masks and isinstance(module, _AVG_POOLS):
         return "avgpool"
-    if masks and (isinstance(module, nn.LeakyReLU) or (
-            isinstance(module, nn.Hardtanh) and module.min_val >= 0)):
+    if masks and isinstance(module, (nn.LeakyReLU, nn.Hardtanh)):
         return "mask"
     if not store:
         return None

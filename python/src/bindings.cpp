@@ -171,8 +171,9 @@ Raises dropit.Error for a non-contiguous, non-CPU or unsupported tensor.)doc");
         py::call_guard<py::gil_scoped_release>(),
         "Packs any CPU strided tensor (dense ones in memory order, others through a copy).");
 
-  py::class_<dt::packed_mask>(m, "Mask",
-                              "A ReLU output's sign mask or a dropout's noise, 1 bit per element.")
+  py::class_<dt::packed_mask>(
+      m, "Mask",
+      "A ReLU's, LeakyReLU's or Hardtanh's mask or a dropout's noise, 1 bit per element.")
       .def("restore", &dt::packed_mask::restore, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("nbytes", &dt::packed_mask::bytes)
       .def_property_readonly("numel", &dt::packed_mask::numel);
@@ -181,6 +182,13 @@ Raises dropit.Error for a non-contiguous, non-CPU or unsupported tensor.)doc");
   m.def("_pack_dropout", &dt::packed_mask::dropout, py::arg("noise"),
         py::call_guard<py::gil_scoped_release>(),
         "A dropout's saved noise (every element 0 or one positive value) as bits and the value.");
+  m.def("_pack_leaky_relu", &dt::packed_mask::leaky_relu, py::arg("saved"),
+        py::call_guard<py::gil_scoped_release>(),
+        "A LeakyReLU's saved tensor as the bits t > 0, restored as 1 / 0.");
+  m.def("_pack_hardtanh", &dt::packed_mask::hardtanh, py::arg("saved"), py::arg("min_val"),
+        py::arg("max_val"), py::call_guard<py::gil_scoped_release>(),
+        "A Hardtanh's saved tensor as the bits min_val < t < max_val, restored as a value inside "
+        "the bounds / min_val.");
 
   py::class_<dt::packed_pool_indices>(m, "PoolIndices",
                                       "A max pooling's argmax indices as window positions.")

@@ -905,10 +905,9 @@ def test_remove_after_a_forward_that_raised_leaves_nothing_open():
     assert torch.equal(saved(y, "self"), x)  # and its input saved as PyTorch saves it
 
 
-RELU_NODE = {
-    False: "torch::autograd::CppNode<dropit::torch::detail::relu_fn>",
-    True: "torch::autograd::CppNode<dropit::torch::detail::relu_inplace_fn>",
-}
+# dropit's mask ReLU, in place or not (the in-place one marks its input dirty)
+RELU_NODE = dict.fromkeys(
+    (False, True), "torch::autograd::CppNode<dropit::torch::detail::clamp_mask_fn>")
 
 
 class _Subclass(torch.Tensor):
@@ -1007,6 +1006,8 @@ MASK_ACTIVATIONS = [
     ("relu6", lambda: nn.ReLU6()),
     ("relu6-inplace", lambda: nn.ReLU6(inplace=True)),
     ("hardtanh-positive", lambda: nn.Hardtanh(0.5, 2.0)),
+    ("hardtanh-default", lambda: nn.Hardtanh()),
+    ("hardtanh-negative-inplace", lambda: nn.Hardtanh(-2.0, -0.5, inplace=True)),
     ("leaky", lambda: nn.LeakyReLU(0.1)),
     ("leaky-inplace", lambda: nn.LeakyReLU(0.2, inplace=True)),
 ]
@@ -1057,10 +1058,21 @@ def test_mask_activations_and_nan():
         assert torch.equal(gx, want)
 
 
-def test_hardtanh_around_zero_is_left_to_pytorch():
-    # Hardtanh(-1, 1) passes the gradient at 0: no 0/value tensor restores its rule; not hooked
-    with dropit.to_dropit(nn.Sequential(nn.Hardtanh(), nn.Hardtanh(-2.0, -0.5))) as h:
-        assert h.layers == []
+def test_hardtanh_masks_take_any_bounds():
+    # Around 0 and below it: the bits restore to lo outside and a value inside the bounds inside
+    # (an element of the tensor where no midpoint fits: 3e38 + 3.4e38 overflows float32).
+    for lo, hi in ((-1.0, 1.0), (-2.0, -0.5), (3.0e38, 3.4e38)):
+        x = torch.tensor([lo, hi, (lo + hi) / 2, 3.2e38, -0.0, float("nan"), -4.0, 4.0] * 5)
+        x.requires_grad_(True)
+        act = nn.Hardtanh(lo, hi)
+        with dropit.to_dropit(act) as h:
+            assert h.layers == [("", "mask")]
+            y = act(x)
+            assert dropit.live_saved_bytes().masks == 8
+            (gx,) = torch.autograd.grad(y, x, torch.arange(40.0))
+        want = torch.where((x > lo) & (x < hi), torch.arange(40.0), torch.zeros(40))
+        assert torch.equal(y.nan_to_num(), nn.Hardtanh(lo, hi)(x).nan_to_num())
+        assert torch.equal(gx, want)
 
 
 AVG_POOLS = [

@@ -78,7 +78,8 @@ class packed_tensor {
   at::ScalarType dtype_ = at::kFloat;
 };
 
-/// @brief What a ReLU's or a dropout's backward needs of its saved tensor, in 1 bit per element.
+/// @brief What a ReLU's, LeakyReLU's, Hardtanh's or dropout's backward needs of its saved tensor,
+/// in 1 bit per element.
 class packed_mask {
  public:
   /**
@@ -97,8 +98,27 @@ class packed_mask {
    */
   [[nodiscard]] static packed_mask dropout(const at::Tensor& noise);
 
+  /**
+   * @brief Packs the mask `t > 0` of a LeakyReLU's saved input (or, in place, its output): where
+   * LibTorch's `leaky_relu_backward` passes the gradient unscaled (NaN: scaled). Restores to 1
+   * where set and 0 elsewhere, which that backward reads the same way.
+   * @throw dropit::error as `relu`.
+   */
+  [[nodiscard]] static packed_mask leaky_relu(const at::Tensor& t);
+
+  /**
+   * @brief Packs the mask `min_val < t < max_val` of a Hardtanh's (ReLU6's) saved input (or, in
+   * place, its output), the bounds rounded to t's dtype: where `hardtanh_backward` passes the
+   * gradient (a NaN blocks it, as LibTorch's vectorized kernel does). Restores to a value
+   * strictly inside the bounds where set ((min + max) / 2 when the dtype holds one strictly
+   * inside, else the first such element) and to min_val elsewhere, which that backward reads the
+   * same way; any bounds.
+   * @throw dropit::error as `relu`, and if min_val > max_val or either is NaN.
+   */
+  [[nodiscard]] static packed_mask hardtanh(const at::Tensor& t, double min_val, double max_val);
+
   /// @brief A new tensor with the packed sizes, strides and dtype: the value (1 for a ReLU mask,
-  /// s for a dropout's noise) where the mask is set, 0 elsewhere.
+  /// s for a dropout's noise) where the mask is set, 0 elsewhere (min_val for a Hardtanh's).
   [[nodiscard]] at::Tensor restore() const;
 
   /**
@@ -106,7 +126,8 @@ class packed_mask {
    * quarter of `restore()`'s bytes for fp32; LibTorch's `threshold_backward` (a ReLU's backward)
    * gives the same gradient with it as with the restored 0/1 tensor, but converts it to the
    * gradient's dtype first (about 3x slower: docs/python.md), so the adapters restore the dtype.
-   * @throw dropit::error for a dropout's noise (its value is not 1) or an empty mask.
+   * @throw dropit::error for a dropout's noise or a Hardtanh's mask (values other than 1 and 0),
+   * or an empty mask.
    */
   [[nodiscard]] at::Tensor restore_bool() const;
 
@@ -120,6 +141,7 @@ class packed_mask {
   std::vector<std::int64_t> sizes_, strides_;
   at::ScalarType dtype_ = at::kFloat;
   double value_ = 1;  ///< what a set bit restores to (exactly representable in dtype_)
+  double off_ = 0;    ///< what a clear bit restores to (exactly representable in dtype_)
 };
 
 /// @brief A 2-d max pooling's argmax indices as window positions.

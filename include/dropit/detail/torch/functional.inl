@@ -442,12 +442,9 @@ struct clamp_mask_fn : ::torch::autograd::Function<clamp_mask_fn> {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kBFloat16, at::kHalf, xc.scalar_type(), "dropit_clamp", [&] {
           if (bounds) {
-            // the bounds rounded to the element type (through float for the 16-bit ones)
-            const auto bound = [](double v) {
-              return static_cast<scalar_t>(static_cast<acc_t<scalar_t>>(v));
-            };
             hardtanh_mask_forward(xc.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
-                                  bound((*bounds)[0]), bound((*bounds)[1]), words, n);
+                                  from_double<scalar_t>((*bounds)[0]),
+                                  from_double<scalar_t>((*bounds)[1]), words, n);
           } else {
             relu_mask_forward(xc.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), words, n);
           }

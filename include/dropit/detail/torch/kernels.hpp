@@ -32,6 +32,12 @@ namespace dropit::torch::detail {
 template <class T>
 using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
+/// v in T, through acc_t<T> (float for the 16-bit types, whose constructors take a float).
+template <class T>
+inline T from_double(double v) noexcept {
+  return static_cast<T>(static_cast<acc_t<T>>(v));
+}
+
 /// The unsigned integer as wide as T.
 template <class T>
 using bits_t = std::conditional_t<sizeof(T) == 8, std::uint64_t,
@@ -157,7 +163,8 @@ void select_by_mask(const T* g, const std::uint32_t* words, T* out, std::int64_t
 inline constexpr auto no_wide_words = [](std::int64_t w0, std::int64_t) { return w0; };
 
 /// y = LeakyReLU(x) as LibTorch computes it (x > 0 ? x : x * slope in acc_t<T>, so NaN * slope
-/// for a NaN) and the mask x > 0 (where LibTorch's gradient passes g unscaled). y may be x.
+/// for a NaN) and the mask x > 0 (where LibTorch's gradient passes g unscaled). y may be x, or
+/// null for the mask alone.
 template <class T>
 void leaky_relu_mask_forward(const T* x, T* y, acc_t<T> slope, std::uint32_t* words,
                              std::int64_t n) {
@@ -166,7 +173,7 @@ void leaky_relu_mask_forward(const T* x, T* y, acc_t<T> slope, std::uint32_t* wo
     for (int j = 0; j < count; ++j) {
       const acc_t<T> v = static_cast<acc_t<T>>(x[base + j]);
       const bool pass = v > acc_t<T>(0);
-      y[base + j] = pass ? x[base + j] : static_cast<T>(v * slope);
+      if (y != nullptr) y[base + j] = pass ? x[base + j] : static_cast<T>(v * slope);
       m |= static_cast<std::uint32_t>(pass) << j;
     }
     words[w] = m;
@@ -189,7 +196,7 @@ void leaky_relu_mask_backward(const T* g, const std::uint32_t* words, acc_t<T> s
 
 /// y = Hardtanh(x) as LibTorch computes it (min(max(x, lo), hi) with the bounds in T: -0.0 and
 /// NaN pass through) and the mask lo < x < hi (where its gradient passes; not at a bound, not for
-/// NaN). y may be x.
+/// NaN). y may be x, or null for the mask alone.
 template <class T>
 void hardtanh_mask_forward(const T* x, T* y, T lo, T hi, std::uint32_t* words, std::int64_t n) {
   const auto a = static_cast<acc_t<T>>(lo), b = static_cast<acc_t<T>>(hi);
@@ -198,7 +205,7 @@ void hardtanh_mask_forward(const T* x, T* y, T lo, T hi, std::uint32_t* words, s
     for (int j = 0; j < count; ++j) {
       const T v = x[base + j];
       const auto f = static_cast<acc_t<T>>(v);
-      y[base + j] = f < a ? lo : (b < f ? hi : v);
+      if (y != nullptr) y[base + j] = f < a ? lo : (b < f ? hi : v);
       m |= static_cast<std::uint32_t>(f > a && f < b) << j;
     }
     words[w] = m;

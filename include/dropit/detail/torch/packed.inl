@@ -6,6 +6,7 @@
 
 #include <ATen/Dispatch.h>
 
+#include <bit>
 #include <limits>
 #include <memory>
 
@@ -175,15 +176,82 @@ inline packed_mask packed_mask::dropout(const at::Tensor& noise) {
   return out;
 }
 
+inline packed_mask packed_mask::leaky_relu(const at::Tensor& t) {
+  detail::check_saved(t, "leaky_relu mask");
+  DROPIT_EXPECTS(at::isFloatingType(t.scalar_type()),
+                 "torch::leaky_relu mask: a floating-point tensor is needed, got ",
+                 t.scalar_type());
+  const at::Tensor dense = detail::dense_or_copy(t);
+  packed_mask out;
+  out.words_ = detail::make_mask((dense.numel() + 31) / 32);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, dense.scalar_type(), "dropit_leaky_relu_mask", [&] {
+        detail::leaky_relu_mask_forward(
+            dense.data_ptr<scalar_t>(), static_cast<scalar_t*>(nullptr), detail::acc_t<scalar_t>(0),
+            reinterpret_cast<std::uint32_t*>(out.words_.data_ptr()), dense.numel());
+      });
+  out.sizes_ = dense.sizes().vec();
+  out.strides_ = dense.strides().vec();
+  out.dtype_ = dense.scalar_type();
+  return out;
+}
+
+inline packed_mask packed_mask::hardtanh(const at::Tensor& t, double min_val, double max_val) {
+  detail::check_saved(t, "hardtanh mask");
+  DROPIT_EXPECTS(at::isFloatingType(t.scalar_type()),
+                 "torch::hardtanh mask: a floating-point tensor is needed, got ", t.scalar_type());
+  DROPIT_EXPECTS(min_val <= max_val, "torch::hardtanh mask: min_val (", min_val,
+                 ") must not exceed max_val (", max_val, ")");
+  const at::Tensor dense = detail::dense_or_copy(t);
+  packed_mask out;
+  const std::int64_t n = dense.numel();
+  out.words_ = detail::make_mask((n + 31) / 32);
+  auto* words = reinterpret_cast<std::uint32_t*>(out.words_.data_ptr());
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kBFloat16, at::kHalf, dense.scalar_type(), "dropit_hardtanh_mask", [&] {
+        using acc = detail::acc_t<scalar_t>;
+        const auto lo = detail::from_double<scalar_t>(min_val);
+        const auto hi = detail::from_double<scalar_t>(max_val);
+        const scalar_t* x = dense.data_ptr<scalar_t>();
+        detail::hardtanh_mask_forward(x, static_cast<scalar_t*>(nullptr), lo, hi, words, n);
+        auto on = static_cast<scalar_t>((static_cast<acc>(lo) + static_cast<acc>(hi)) / 2);
+        if (!(static_cast<acc>(on) > static_cast<acc>(lo) &&
+              static_cast<acc>(on) < static_cast<acc>(hi))) {
+          // no midpoint in this dtype: any element strictly inside stands for all of them
+          for (std::int64_t w = 0; w < (n + 31) / 32; ++w) {
+            if (words[w] != 0) {
+              on = x[w * 32 + std::countr_zero(words[w])];
+              break;
+            }
+          }
+        }
+        out.value_ = static_cast<double>(on);
+        out.off_ = static_cast<double>(lo);
+      });
+  out.sizes_ = dense.sizes().vec();
+  out.strides_ = dense.strides().vec();
+  out.dtype_ = dense.scalar_type();
+  return out;
+}
+
 inline at::Tensor packed_mask::restore() const {
   DROPIT_EXPECTS(words_.defined(), "torch::packed_mask: restore of an empty mask");
-  return detail::expand_bits(words_, sizes_, strides_, dtype_, value_);
+  if (off_ == 0) return detail::expand_bits(words_, sizes_, strides_, dtype_, value_);
+  at::Tensor out = detail::empty_like_dense(sizes_, strides_, dtype_);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype_, "dropit_unmask_two", [&] {
+    detail::expand_mask_two_valued(
+        reinterpret_cast<const std::uint32_t*>(words_.data_ptr()), out.data_ptr<scalar_t>(),
+        out.numel(), detail::from_double<scalar_t>(value_), detail::from_double<scalar_t>(off_));
+  });
+  return out;
 }
 
 inline at::Tensor packed_mask::restore_bool() const {
   DROPIT_EXPECTS(words_.defined(), "torch::packed_mask: restore of an empty mask");
-  DROPIT_EXPECTS(value_ == 1, "torch::packed_mask: restore_bool of a dropout's noise (value ",
-                 value_, "); use restore()");
+  DROPIT_EXPECTS(value_ == 1 && off_ == 0,
+                 "torch::packed_mask: restore_bool of a mask that "
+                 "restores to ",
+                 value_, " and ", off_, " (not 1 and 0); use restore()");
   at::Tensor out = detail::empty_like_dense(sizes_, strides_, at::kBool);
   detail::expand_mask_bytes(reinterpret_cast<const std::uint32_t*>(words_.data_ptr()),
                             reinterpret_cast<std::uint8_t*>(out.data_ptr()), out.numel());

@@ -57,6 +57,16 @@ void expand_mask(const std::uint32_t* words, T* out, std::int64_t n) {
   select_by_mask(static_cast<const T*>(nullptr), words, out, n);
 }
 
+/// out[i] = on where bit i is set, off elsewhere.
+template <class T>
+void expand_mask_two_valued(const std::uint32_t* words, T* out, std::int64_t n, T on, T off) {
+  for_each_mask_word(n, no_wide_words, [&](std::int64_t w, std::int64_t base, int count) {
+    const std::uint32_t m = words[w];
+    for (int j = 0; j < count; ++j)
+      out[base + j] = (m >> j & 1u) != 0 ? on : off;
+  });
+}
+
 /// out[i] = 1 where bit i is set, 0 elsewhere, one byte per element (a bool tensor's storage):
 /// each byte of the mask becomes 8 output bytes from a 256-entry table.
 inline void expand_mask_bytes(const std::uint32_t* words, std::uint8_t* out, std::int64_t n) {
