@@ -1,8 +1,8 @@
 /**
  * @file modules.hpp
- * @brief Drop-in dropit layers for LibTorch: `Linear`, `Conv2d`, `Conv1D` (GPT-2), `ReLU`,
- * `LeakyReLU`, `Hardtanh`, `ReLU6`, `MaxPool2d`, `AvgPool2d` and `AdaptiveAvgPool2d`, with the
- * options of their `torch::nn` counterparts, usable in `Sequential`.
+ * @brief Drop-in dropit layers for LibTorch: `Linear`, `Conv2d`, `Conv1d`, `Conv1D` (GPT-2),
+ * `ReLU`, `LeakyReLU`, `Hardtanh`, `ReLU6`, `MaxPool2d`, `AvgPool2d` and `AdaptiveAvgPool2d`, with
+ * the options of their `torch::nn` counterparts, usable in `Sequential`.
  *
  * @code
  * namespace dt = dropit::torch;
@@ -55,8 +55,9 @@ class layer {
   [[nodiscard]] const policy& get_policy() const noexcept { return policy_; }
 
   /// @brief Opts this layer out (or back in), and `to_dropit` leaves its policy alone. An
-  /// excluded Linear, Conv2d or Conv1D keeps its input exact (a dense copy: the gamma = 0 case)
-  /// but still runs dropit's backward in pieces; an excluded ReLU or MaxPool2d runs the plain op.
+  /// excluded Linear, Conv2d, Conv1d or Conv1D keeps its input exact (a dense copy: the gamma = 0
+  /// case) but still runs dropit's backward in pieces; an excluded ReLU or MaxPool2d runs the plain
+  /// op.
   void exclude(bool excluded = true) noexcept { excluded_ = excluded; }
   /// @brief Whether the layer is opted out.
   [[nodiscard]] bool excluded() const noexcept { return excluded_; }
@@ -119,6 +120,27 @@ class Conv2dImpl : public ::torch::nn::Conv2dImpl, public layer {
   [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
       const c10::optional<c10::Device>& device = c10::nullopt) const override;
   /// @brief "dropit::torch::Conv2d(.., policy=..)".
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/**
+ * @brief 1-d convolution that saves its input through dropit; see `torch::nn::Conv1dImpl` (not
+ * GPT-2's `Conv1D` below). It runs as `conv2d` on [N, C, 1, L] (the 2-d path LibTorch takes for
+ * a 1-d convolution too), so it shares `Conv2d`'s backward in pieces.
+ */
+class Conv1dImpl : public ::torch::nn::Conv1dImpl, public layer {
+ public:
+  /// @brief As `torch::nn::Conv1d(options)` (every padding mode, 'same' and 'valid' included).
+  explicit Conv1dImpl(const ::torch::nn::Conv1dOptions& options, const policy& p = {});
+  /// @brief Takes over a standard layer's parameter tensors, options and training mode.
+  explicit Conv1dImpl(const ::torch::nn::Conv1dImpl& other, const policy& p = {});
+
+  /// @brief The convolution of [N, C, L] or unbatched [C, L] input.
+  at::Tensor forward(const at::Tensor& input);
+  /// @copydoc LinearImpl::clone
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  /// @brief "dropit::torch::Conv1d(.., policy=..)".
   void pretty_print(std::ostream& stream) const override;
 };
 
@@ -330,6 +352,12 @@ class Conv2d : public ::torch::nn::ModuleHolder<Conv2dImpl> {
  public:
   using ::torch::nn::ModuleHolder<Conv2dImpl>::ModuleHolder;
   using Impl = Conv2dImpl;  ///< the module type
+};
+/// @brief Module holder of `Conv1dImpl` (LibTorch's 1-d convolution).
+class Conv1d : public ::torch::nn::ModuleHolder<Conv1dImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<Conv1dImpl>::ModuleHolder;
+  using Impl = Conv1dImpl;  ///< the module type
 };
 /// @brief Module holder of `Conv1DImpl`.
 class Conv1D : public ::torch::nn::ModuleHolder<Conv1DImpl> {

@@ -197,6 +197,81 @@ inline void Conv2dImpl::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
+// ---- Conv1d --------------------------------------------------------------------------------
+
+inline Conv1dImpl::Conv1dImpl(const ::torch::nn::Conv1dOptions& options, const policy& p)
+    : ::torch::nn::Conv1dImpl(options), layer(p) {
+}
+
+inline Conv1dImpl::Conv1dImpl(const ::torch::nn::Conv1dImpl& other, const policy& p)
+    : ::torch::nn::Module(other), ::torch::nn::Conv1dImpl(other), layer(p) {
+}
+
+inline at::Tensor Conv1dImpl::forward(const at::Tensor& input) {
+  const policy p = weight_policy(is_training());
+  if (!p.active()) return ::torch::nn::Conv1dImpl::forward(input);
+  DROPIT_EXPECTS(input.dim() == 2 || input.dim() == 3,
+                 "torch::Conv1d: input must be 2-d or 3-d, got ", input.dim(), "-d");
+  conv2d_params c;
+  c.stride = {1, (*options.stride())[0]};
+  c.dilation = {1, (*options.dilation())[0]};
+  c.groups = options.groups();
+  // Padding per side: explicit, 'valid', or 'same' (the odd one out on the right, as LibTorch).
+  std::int64_t left = 0, right = 0;
+  if (const auto* pad = c10::get_if<::torch::ExpandingArray<1>>(&options.padding())) {
+    left = right = (**pad)[0];
+  } else if (c10::get_if<::torch::enumtype::kSame>(&options.padding()) != nullptr) {
+    const std::int64_t total = c.dilation[1] * ((*options.kernel_size())[0] - 1);
+    left = total / 2;
+    right = total - left;
+  }
+  at::Tensor x = input.dim() == 3 ? input : input.unsqueeze(0);
+  if (c10::get_if<::torch::enumtype::kZeros>(&options.padding_mode()) == nullptr) {
+    namespace F = ::torch::nn::functional;
+    F::PadFuncOptions::mode_t mode = ::torch::kCircular;
+    if (c10::get_if<::torch::enumtype::kReflect>(&options.padding_mode())) mode = ::torch::kReflect;
+    if (c10::get_if<::torch::enumtype::kReplicate>(&options.padding_mode())) {
+      mode = ::torch::kReplicate;
+    }
+    x = F::pad(x, F::PadFuncOptions({left, right}).mode(mode));
+    left = 0;
+  } else if (left != right) {
+    x = at::constant_pad_nd(x, {0, right - left}, 0);
+  }
+  c.padding = {0, left};
+  at::Tensor y =
+      dropit::torch::conv2d(x.unsqueeze(2), weight.unsqueeze(2),
+                            bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, c, p);
+  y = y.squeeze(2);
+  return input.dim() == 3 ? y : y.squeeze(0);
+}
+
+inline std::shared_ptr<::torch::nn::Module> Conv1dImpl::clone(
+    const c10::optional<c10::Device>& device) const {
+  const auto& o = options;
+  auto copy = std::make_shared<Conv1dImpl>(
+      ::torch::nn::Conv1dOptions(o.in_channels(), o.out_channels(), o.kernel_size())
+          .stride(o.stride())
+          .padding(o.padding())
+          .dilation(o.dilation())
+          .groups(o.groups())
+          .bias(o.bias())
+          .padding_mode(o.padding_mode()),
+      get_policy());
+  copy->exclude(excluded());
+  detail::copy_parameters(*this, *copy, device);
+  copy->train(is_training());
+  return copy;
+}
+
+inline void Conv1dImpl::pretty_print(std::ostream& stream) const {
+  std::ostringstream base;
+  ::torch::nn::Conv1dImpl::pretty_print(base);
+  stream << "dropit::torch::" << detail::base_text(base.str()) << ", ";
+  print_policy(stream);
+  stream << ")";
+}
+
 // ---- Conv1D --------------------------------------------------------------------------------
 
 inline Conv1DImpl::Conv1DImpl(std::int64_t nf, std::int64_t nx, const policy& p)
