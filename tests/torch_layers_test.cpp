@@ -757,9 +757,12 @@ TEST_CASE(
   CHECK(rel_diff(ours->bias.grad(), r.sum(at::IntArrayRef{0, 2})) <= 1e-12);
   // to_dropit replaces a Conv1d, clone keeps its options, printing names it
   auto seq = nn::Sequential(nn::Conv1d(cases[2]), nn::ReLU());
-  const auto report = dt::to_dropit(*seq, make_policy(dt::policy_kind::mink));
+  dt::convert_options gammas;
+  gammas.layer_gamma = {{"0", 0.5}};
+  const auto report = dt::to_dropit(*seq, make_policy(dt::policy_kind::mink), gammas);
   CHECK(report.replaced == 2);
   REQUIRE(seq[0]->as<dt::Conv1dImpl>() != nullptr);
+  CHECK(seq[0]->as<dt::Conv1dImpl>()->get_policy().gamma == 0.5);  // a layer with a gamma
   std::ostringstream text;
   text << *seq[0];
   CHECK(text.str().starts_with("dropit::torch::Conv1d(2, 3, kernel_size=3"));
