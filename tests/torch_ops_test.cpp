@@ -240,31 +240,36 @@ TEST_CASE("torch: mask LeakyReLU output and gradient equal LibTorch's, zeros and
   }
 }
 
-TEST_CASE("torch: mask LeakyReLU keeps strides, saves 1 bit per element and works in place") {
+/**
+ * What every elementwise mask op does with layouts and memory, checked against LibTorch's op
+ * `theirs`: channels-last and transposed inputs give LibTorch's values, strides and gradient; a
+ * strided view in place (`in_place`) is processed out of place; 1 bit per element is held where
+ * LibTorch holds the whole tensor; in place the input's memory is reused and the gradient of a
+ * sum is `sum_grad(x)`.
+ */
+template <class Ours, class Theirs, class InPlace, class SumGrad>
+void check_mask_op_layouts(const Ours& ours, const Theirs& theirs, const InPlace& in_place,
+                           const SumGrad& sum_grad) {
   torch::manual_seed(2);
-  auto cl = torch::randn({2, 3, 5, 4}).contiguous(torch::MemoryFormat::ChannelsLast);
-  const auto ours = [](const torch::Tensor& t) { return dt::leaky_relu(t, 0.1); };
-  const auto theirs = [](const torch::Tensor& t) { return torch::leaky_relu(t, 0.1); };
-  auto [y, gx] = forward_backward(ours, cl);
-  auto [ry, rgx] = forward_backward(theirs, cl);
-  CHECK(y.is_contiguous(torch::MemoryFormat::ChannelsLast));
-  CHECK(same(y, ry));
-  CHECK(same(gx, rgx));
-  auto tr = torch::randn({6, 9}).t();  // not dense in memory order: goes through a copy
-  auto [ty, tgx] = forward_backward(ours, tr);
-  auto [rty, rtgx] = forward_backward(theirs, tr);
-  CHECK(same(ty, rty));
-  CHECK(same(tgx, rtgx));
+  const auto cl = torch::randn({2, 3, 5, 4}).contiguous(torch::MemoryFormat::ChannelsLast);
+  const auto tr = torch::randn({6, 9}).t();  // not dense in memory order: goes through a copy
+  for (const auto& x : {cl, tr}) {
+    auto [y, gx] = forward_backward(ours, x);
+    auto [ry, rgx] = forward_backward(theirs, x);
+    CHECK(y.strides() == ry.strides());
+    CHECK(same(y, ry));
+    CHECK(same(gx, rgx));
+  }
   // a strided view in place: processed out of place, the handle rebound to the result
+  const auto base = torch::randn({6, 9}).t().contiguous();
   auto [vy, vgx] = forward_backward(
-      [](const torch::Tensor& t) {
+      [&](const torch::Tensor& t) {
         auto h = (t * 1.0).t();
-        return dt::leaky_relu_(h, 0.1);
+        return in_place(h);
       },
-      torch::randn({6, 9}).t().contiguous());
+      base);
   auto [rvy, rvgx] =
-      forward_backward([](const torch::Tensor& t) { return torch::leaky_relu((t * 1.0).t(), 0.1); },
-                       torch::randn({6, 9}).t().contiguous());
+      forward_backward([&](const torch::Tensor& t) { return theirs((t * 1.0).t()); }, base);
   CHECK(same(vy, rvy));
   CHECK(same(vgx, rvgx));
 
@@ -273,16 +278,22 @@ TEST_CASE("torch: mask LeakyReLU keeps strides, saves 1 bit per element and work
   auto x = torch::randn({1 << 16}).requires_grad_(true);
   CHECK(graph_bytes(counter, x, ours) == (1u << 16) / 8);
   CHECK(graph_bytes(counter, x, theirs) == (1u << 16) * 4);
-  // In place: the input's memory is reused and the mask is all that is saved.
-  auto h = x * 1.0;
+  auto h = x * 1.0;  // in place: the input's memory is reused, the mask is all that is saved
   const void* storage = h.data_ptr();
   const auto masks_before = dt::live_saved_bytes().masks;
-  auto out = dt::leaky_relu_(h, 0.1);
+  auto out = in_place(h);
   CHECK(out.data_ptr() == storage);
   CHECK(dt::live_saved_bytes().masks - masks_before == (1 << 16) / 8);
   out.sum().backward();
-  CHECK(torch::equal(x.grad(), torch::where(x.detach() > 0, 1.0f, 0.1f)));
+  CHECK(torch::equal(x.grad(), sum_grad(x.detach())));
   CHECK(dt::live_saved_bytes().masks == masks_before);
+}
+
+TEST_CASE("torch: mask LeakyReLU keeps strides, saves 1 bit per element and works in place") {
+  check_mask_op_layouts([](const torch::Tensor& t) { return dt::leaky_relu(t, 0.1); },
+                        [](const torch::Tensor& t) { return torch::leaky_relu(t, 0.1); },
+                        [](torch::Tensor& t) { return dt::leaky_relu_(t, 0.1); },
+                        [](const torch::Tensor& x) { return torch::where(x > 0, 1.0f, 0.1f); });
 }
 
 TEST_CASE(
@@ -435,46 +446,11 @@ TEST_CASE("torch: mask Hardtanh output and gradient equal LibTorch's, at the bou
 }
 
 TEST_CASE("torch: mask Hardtanh keeps strides, saves 1 bit per element, refuses bad bounds") {
-  torch::manual_seed(2);
-  const auto ours = [](const torch::Tensor& t) { return dt::hardtanh(t, -0.5, 0.75); };
-  const auto theirs = [](const torch::Tensor& t) { return torch::hardtanh(t, -0.5, 0.75); };
-  const auto cl = torch::randn({2, 3, 5, 4}).contiguous(torch::MemoryFormat::ChannelsLast);
-  const auto tr = torch::randn({6, 9}).t();  // not dense in memory order: goes through a copy
-  for (const auto& x : {cl, tr}) {
-    auto [y, gx] = forward_backward(ours, x);
-    auto [ry, rgx] = forward_backward(theirs, x);
-    CHECK(y.strides() == ry.strides());
-    CHECK(same(y, ry));
-    CHECK(same(gx, rgx));
-  }
-  // a strided view in place: processed out of place, the handle rebound to the result
-  const auto base = torch::randn({6, 9}).t().contiguous();
-  auto [vy, vgx] = forward_backward(
-      [](const torch::Tensor& t) {
-        auto h = (t * 1.0).t();
-        return dt::hardtanh_(h, -0.5, 0.75);
-      },
-      base);
-  auto [rvy, rvgx] =
-      forward_backward([&](const torch::Tensor& t) { return theirs((t * 1.0).t()); }, base);
-  CHECK(same(vy, rvy));
-  CHECK(same(vgx, rvgx));
-
-  dt::counting_allocator counter;
-  dt::cpu_allocator_guard install(counter);
-  auto x = torch::randn({1 << 16}).requires_grad_(true);
-  CHECK(graph_bytes(counter, x, ours) == (1u << 16) / 8);
-  CHECK(graph_bytes(counter, x, theirs) == (1u << 16) * 4);
-  auto h = x * 1.0;  // in place: the input's memory is reused, the mask is all that is saved
-  const void* storage = h.data_ptr();
-  const auto masks_before = dt::live_saved_bytes().masks;
-  auto out = dt::hardtanh_(h, -0.5, 0.75);
-  CHECK(out.data_ptr() == storage);
-  CHECK(dt::live_saved_bytes().masks - masks_before == (1 << 16) / 8);
-  out.sum().backward();
-  const auto inside = (x.detach() > -0.5).logical_and(x.detach() < 0.75);
-  CHECK(torch::equal(x.grad(), inside.to(torch::kFloat)));
-  CHECK(dt::live_saved_bytes().masks == masks_before);
+  check_mask_op_layouts(
+      [](const torch::Tensor& t) { return dt::hardtanh(t, -0.5, 0.75); },
+      [](const torch::Tensor& t) { return torch::hardtanh(t, -0.5, 0.75); },
+      [](torch::Tensor& t) { return dt::hardtanh_(t, -0.5, 0.75); },
+      [](const torch::Tensor& x) { return (x > -0.5).logical_and(x < 0.75).to(torch::kFloat); });
 
   // min_val > max_val, or a NaN bound: a dropit::error, with or without a gradient
   const auto nan = std::numeric_limits<double>::quiet_NaN();
