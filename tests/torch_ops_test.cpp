@@ -313,6 +313,37 @@ TEST_CASE(
   }
 }
 
+/**
+ * A Sequential(Linear(6, 8), act, Linear(8, 8), act, Linear(8, 3)) from `make` (the same model
+ * at each call) through to_dropit: every child replaced, a step's parameter gradients equal to
+ * the plain model's, the two masks held in training and nothing more in eval (LibTorch's op, the
+ * plain model's output). Returns the converted model and one converted with `masks = false`.
+ */
+template <class Make>
+std::pair<torch::nn::Sequential, torch::nn::Sequential> check_mask_modules(const Make& make) {
+  auto plain = make(), ours = make();
+  CHECK(dt::to_dropit(*ours, make_policy(dt::policy_kind::identity)).replaced == 5);
+  const auto x = torch::randn({10, 6}) * 4;
+  for (auto* m : {&plain, &ours})
+    (*m)->forward(x).pow(2).sum().backward();
+  for (std::size_t i = 0; i < plain->parameters().size(); ++i)
+    CHECK(torch::equal(ours->parameters()[i].grad(), plain->parameters()[i].grad()));
+  const std::size_t two_masks = 2 * ((10 * 8 + 31) / 32) * 4;
+  const auto before = dt::live_saved_bytes().masks;
+  auto y = ours->forward(x);
+  CHECK(dt::live_saved_bytes().masks - before == two_masks);
+  ours->eval();
+  auto ye = ours->forward(x);
+  CHECK(dt::live_saved_bytes().masks - before == two_masks);
+  plain->eval();
+  CHECK(torch::equal(ye, plain->forward(x)));
+  auto off = make();
+  dt::convert_options no_masks;
+  no_masks.masks = false;
+  (void)dt::to_dropit(*off, make_policy(dt::policy_kind::mink), no_masks);
+  return {ours, off};
+}
+
 TEST_CASE(
     "torch: the LeakyReLU module: mask in training, LibTorch's op in eval, replaced by to_dropit") {
   namespace nn = torch::nn;
@@ -323,34 +354,15 @@ TEST_CASE(
         nn::Linear(8, 8), nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.05).inplace(true)),
         nn::Linear(8, 3));
   };
-  auto plain = make(), ours = make();
-  const auto report = dt::to_dropit(*ours, make_policy(dt::policy_kind::identity));
-  CHECK(report.replaced == 5);
+  auto [ours, off] = check_mask_modules(make);
   REQUIRE(ours[1]->as<dt::LeakyReLUImpl>() != nullptr);
   REQUIRE(ours[3]->as<dt::LeakyReLUImpl>() != nullptr);
   std::ostringstream text;
   text << *ours[3];
   CHECK(text.str().starts_with("dropit::torch::LeakyReLU(negative_slope=0.05, inplace=true, "));
-  const auto x = torch::randn({10, 6});
-  for (auto* m : {&plain, &ours})
-    (*m)->forward(x).pow(2).sum().backward();
-  for (std::size_t i = 0; i < plain->parameters().size(); ++i)
-    CHECK(torch::equal(ours->parameters()[i].grad(), plain->parameters()[i].grad()));
-  // training saves the masks; eval mode runs LibTorch's op and saves none
-  const auto before = dt::live_saved_bytes().masks;
-  auto y = ours->forward(x);
-  CHECK(dt::live_saved_bytes().masks - before == 2 * ((10 * 8 + 31) / 32) * 4);
-  ours->eval();
-  auto ye = ours->forward(x);
-  CHECK(dt::live_saved_bytes().masks - before == 2 * ((10 * 8 + 31) / 32) * 4);
-  plain->eval();
-  CHECK(torch::equal(ye, plain->forward(x)));
-  // masks = false, or an excluded path: left as LibTorch's
-  auto off = make(), excluded = make();
-  dt::convert_options no_masks;
-  no_masks.masks = false;
-  (void)dt::to_dropit(*off, make_policy(dt::policy_kind::mink), no_masks);
   CHECK(off[1]->as<dt::LeakyReLUImpl>() == nullptr);
+  // an excluded path: left as LibTorch's
+  auto excluded = make();
   dt::convert_options skip;
   skip.exclude = [](const std::string& path, const nn::Module&) { return path == "3"; };
   (void)dt::to_dropit(*excluded, make_policy(dt::policy_kind::mink), skip);
@@ -485,32 +497,13 @@ TEST_CASE("torch: the Hardtanh and ReLU6 modules: masks in training, replaced by
         nn::Linear(6, 8), nn::Hardtanh(nn::HardtanhOptions().min_val(-0.25).max_val(0.5)),
         nn::Linear(8, 8), nn::ReLU6(nn::ReLU6Options().inplace(true)), nn::Linear(8, 3));
   };
-  auto plain = make(), ours = make();
-  const auto report = dt::to_dropit(*ours, make_policy(dt::policy_kind::identity));
-  CHECK(report.replaced == 5);
+  auto [ours, off] = check_mask_modules(make);
   REQUIRE(ours[1]->as<dt::HardtanhImpl>() != nullptr);
   REQUIRE(ours[3]->as<dt::ReLU6Impl>() != nullptr);
   std::ostringstream text;
   text << *ours[1] << "\n" << *ours[3];
   CHECK(text.str().starts_with("dropit::torch::Hardtanh(min_val=-0.25, max_val=0.5, policy="));
   CHECK(text.str().find("\ndropit::torch::ReLU6(inplace=true, policy=") != std::string::npos);
-  const auto x = torch::randn({10, 6}) * 4;
-  for (auto* m : {&plain, &ours})
-    (*m)->forward(x).pow(2).sum().backward();
-  for (std::size_t i = 0; i < plain->parameters().size(); ++i)
-    CHECK(torch::equal(ours->parameters()[i].grad(), plain->parameters()[i].grad()));
-  const auto before = dt::live_saved_bytes().masks;
-  auto y = ours->forward(x);
-  CHECK(dt::live_saved_bytes().masks - before == 2 * ((10 * 8 + 31) / 32) * 4);
-  ours->eval();  // eval mode runs LibTorch's op and saves nothing
-  auto ye = ours->forward(x);
-  CHECK(dt::live_saved_bytes().masks - before == 2 * ((10 * 8 + 31) / 32) * 4);
-  plain->eval();
-  CHECK(torch::equal(ye, plain->forward(x)));
-  auto off = make();
-  dt::convert_options no_masks;
-  no_masks.masks = false;
-  (void)dt::to_dropit(*off, make_policy(dt::policy_kind::mink), no_masks);
   CHECK(off[1]->as<dt::HardtanhImpl>() == nullptr);
   CHECK(off[3]->as<dt::ReLU6Impl>() == nullptr);
   auto copy = std::dynamic_pointer_cast<dt::HardtanhImpl>(ours[1]->as<dt::HardtanhImpl>()->clone());
