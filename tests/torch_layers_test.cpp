@@ -775,6 +775,87 @@ TEST_CASE(
                        dropit::error);
 }
 
+TEST_CASE(
+    "torch: Conv3d through dropit: LibTorch's gradients (padding modes, 'same', groups, "
+    "unbatched); MinK's from the top-k input") {
+  using opts = nn::Conv3dOptions;
+  const std::vector<opts> cases = {
+      opts(4, 6, 3).stride({1, 2, 2}).padding({1, 0, 2}).dilation({1, 1, 2}).groups(2),
+      opts(2, 3, {2, 3, 4}).padding(torch::kSame),  // asymmetric for the even kernel sizes
+      opts(2, 3, 3).padding(1).padding_mode(torch::kReflect),
+      opts(2, 3, 3).padding(1).padding_mode(torch::kCircular).bias(false),
+      opts(2, 3, 2).padding(1).padding_mode(torch::kReplicate)};
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    for (const bool batched : {true, false}) {
+      CAPTURE(i);
+      CAPTURE(batched);
+      torch::manual_seed(18);
+      nn::Conv3d plain(cases[i]);
+      dt::Conv3d ours(cases[i], make_policy(dt::policy_kind::identity));
+      {
+        torch::NoGradGuard no_grad;
+        for (std::size_t j = 0; j < plain->parameters().size(); ++j)
+          ours->parameters()[j].copy_(plain->parameters()[j]);
+      }
+      const std::int64_t c_in = cases[i].in_channels();
+      auto x = batched ? torch::randn({2, c_in, 5, 6, 7}) : torch::randn({c_in, 5, 6, 7});
+      auto xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
+      auto ya = ours(xa), yb = batched ? plain(xb) : plain(xb.unsqueeze(0)).squeeze(0);
+      REQUIRE(ya.sizes() == yb.sizes());
+      CHECK(rel_diff(ya, yb) <= 1e-6);
+      ya.pow(2).sum().backward();
+      yb.pow(2).sum().backward();
+      CHECK(rel_diff(xa.grad(), xb.grad()) <= 1e-6);
+      for (std::size_t j = 0; j < plain->parameters().size(); ++j)
+        CHECK(rel_diff(ours->parameters()[j].grad(), plain->parameters()[j].grad()) <= 1e-6);
+      CHECK(ours->steps() == 1);
+    }
+  }
+  // MinK 0.9: exact output, input and bias gradients; the weight gradient of the sparsified input
+  const double gamma = 0.9;
+  const auto x = tie_free({2, 4, 5, 6, 7}, torch::kDouble, 5);
+  dt::Conv3d ours(cases[0], make_policy(dt::policy_kind::mink, gamma));
+  ours->to(torch::kDouble);
+  auto xa = x.clone().requires_grad_(true);
+  const auto y = ours(xa);
+  torch::manual_seed(99);
+  const auto r = torch::randn(y.sizes(), y.options());
+  (y * r).sum().backward();
+  const auto w = ours->weight.detach();
+  const auto conv = [&](const torch::Tensor& in, const torch::Tensor& weight) {
+    return torch::conv3d(in, weight, ours->bias.detach(), {1, 2, 2}, {1, 0, 2}, {1, 1, 2}, 2);
+  };
+  auto xb = x.clone().requires_grad_(true);
+  auto we = w.clone().requires_grad_(true);
+  const auto yb = conv(xb, we);
+  (yb * r).sum().backward();
+  auto ws = w.clone().requires_grad_(true);
+  (conv(topk_sparsified(x, gamma), ws) * r).sum().backward();
+  CHECK(rel_diff(y, yb) <= 1e-12);
+  CHECK(rel_diff(xa.grad(), xb.grad()) <= 1e-12);
+  CHECK(rel_diff(ours->weight.grad(), ws.grad()) <= 1e-12);
+  CHECK(rel_diff(ours->weight.grad(), we.grad()) > 1e-6);  // the selection did drop elements
+  CHECK(rel_diff(ours->bias.grad(), r.sum(at::IntArrayRef{0, 2, 3, 4})) <= 1e-12);
+  // to_dropit replaces a Conv3d (with its layer gamma); clone keeps its options
+  auto seq = nn::Sequential(nn::Conv3d(cases[2]), nn::ReLU());
+  dt::convert_options gammas;
+  gammas.layer_gamma = {{"0", 0.5}};
+  const auto report = dt::to_dropit(*seq, make_policy(dt::policy_kind::mink), gammas);
+  CHECK(report.replaced == 2);
+  REQUIRE(seq[0]->as<dt::Conv3dImpl>() != nullptr);
+  CHECK(seq[0]->as<dt::Conv3dImpl>()->get_policy().gamma == 0.5);
+  std::ostringstream text;
+  text << *seq[0];
+  CHECK(text.str().starts_with("dropit::torch::Conv3d(2, 3, kernel_size=[3, 3, 3]"));
+  auto copy = std::dynamic_pointer_cast<dt::Conv3dImpl>(seq[0]->as<dt::Conv3dImpl>()->clone());
+  REQUIRE(copy);
+  CHECK(c10::get_if<torch::enumtype::kReflect>(&copy->options.padding_mode()) != nullptr);
+  CHECK(torch::equal(copy->weight, seq[0]->as<dt::Conv3dImpl>()->weight));
+  CHECK_THROWS_WITH_AS((void)ours(torch::randn({2, 4, 5, 6, 7, 1}, torch::kDouble)),
+                       doctest::Contains("Conv3d: input must be 4-d or 5-d, got 6-d"),
+                       dropit::error);
+}
+
 // ---- errors ----------------------------------------------------------------------------------
 
 TEST_CASE("torch: bad input gives a dropit::error naming the problem") {

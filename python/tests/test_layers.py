@@ -348,7 +348,7 @@ CONV_CASES = [
 ]
 
 
-CONV_NODE = "torch::autograd::CppNode<dropit::torch::detail::conv2d_fn>"
+CONV_NODE = "torch::autograd::CppNode<dropit::torch::detail::conv_fn>"
 
 
 def conv_routes(conv):

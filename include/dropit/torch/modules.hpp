@@ -1,8 +1,8 @@
 /**
  * @file modules.hpp
- * @brief Drop-in dropit layers for LibTorch: `Linear`, `Conv2d`, `Conv1d`, `Conv1D` (GPT-2),
- * `ReLU`, `LeakyReLU`, `Hardtanh`, `ReLU6`, `MaxPool2d`, `AvgPool2d` and `AdaptiveAvgPool2d`, with
- * the options of their `torch::nn` counterparts, usable in `Sequential`.
+ * @brief Drop-in dropit layers for LibTorch: `Linear`, `Conv2d`, `Conv1d`, `Conv3d`, `Conv1D`
+ * (GPT-2), `ReLU`, `LeakyReLU`, `Hardtanh`, `ReLU6`, `MaxPool2d`, `AvgPool2d` and
+ * `AdaptiveAvgPool2d`, with the options of their `torch::nn` counterparts, usable in `Sequential`.
  *
  * @code
  * namespace dt = dropit::torch;
@@ -55,7 +55,7 @@ class layer {
   [[nodiscard]] const policy& get_policy() const noexcept { return policy_; }
 
   /// @brief Opts this layer out (or back in), and `to_dropit` leaves its policy alone. An
-  /// excluded Linear, Conv2d, Conv1d or Conv1D keeps its input exact (a dense copy: the gamma = 0
+  /// excluded Linear, Conv1d/2d/3d or Conv1D keeps its input exact (a dense copy: the gamma = 0
   /// case) but still runs dropit's backward in pieces; an excluded ReLU or MaxPool2d runs the plain
   /// op.
   void exclude(bool excluded = true) noexcept { excluded_ = excluded; }
@@ -141,6 +141,23 @@ class Conv1dImpl : public ::torch::nn::Conv1dImpl, public layer {
   [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
       const c10::optional<c10::Device>& device = c10::nullopt) const override;
   /// @brief "dropit::torch::Conv1d(.., policy=..)".
+  void pretty_print(std::ostream& stream) const override;
+};
+
+/// @brief 3-d convolution that saves its input through dropit; see `torch::nn::Conv3dImpl`.
+class Conv3dImpl : public ::torch::nn::Conv3dImpl, public layer {
+ public:
+  /// @brief As `torch::nn::Conv3d(options)` (every padding mode, 'same' and 'valid' included).
+  explicit Conv3dImpl(const ::torch::nn::Conv3dOptions& options, const policy& p = {});
+  /// @brief Takes over a standard layer's parameter tensors, options and training mode.
+  explicit Conv3dImpl(const ::torch::nn::Conv3dImpl& other, const policy& p = {});
+
+  /// @brief The convolution of [N, C, D, H, W] or unbatched [C, D, H, W] input.
+  at::Tensor forward(const at::Tensor& input);
+  /// @copydoc LinearImpl::clone
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  /// @brief "dropit::torch::Conv3d(.., policy=..)".
   void pretty_print(std::ostream& stream) const override;
 };
 
@@ -358,6 +375,12 @@ class Conv1d : public ::torch::nn::ModuleHolder<Conv1dImpl> {
  public:
   using ::torch::nn::ModuleHolder<Conv1dImpl>::ModuleHolder;
   using Impl = Conv1dImpl;  ///< the module type
+};
+/// @brief Module holder of `Conv3dImpl`.
+class Conv3d : public ::torch::nn::ModuleHolder<Conv3dImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<Conv3dImpl>::ModuleHolder;
+  using Impl = Conv3dImpl;  ///< the module type
 };
 /// @brief Module holder of `Conv1DImpl`.
 class Conv1D : public ::torch::nn::ModuleHolder<Conv1DImpl> {

@@ -28,7 +28,7 @@ bool replace_as(const std::shared_ptr<::torch::nn::Module>& m, const Settings& p
 }
 
 /// The dropit layer replacing m, if m is a standard layer dropit has a counterpart for. At an
-/// excluded path only Linear, Conv2d and Conv1d are replaced (to keep their input exact, in
+/// excluded path only Linear and the convolutions are replaced (to keep their input exact, in
 /// pieces).
 inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, const policy& p,
                              const convert_options& o, bool excluded, replacement& out) {
@@ -38,7 +38,8 @@ inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, cons
   }
   const bool weights = p.active() && (replace_as<LinearImpl, ::torch::nn::LinearImpl>(m, p, out) ||
                                       replace_as<Conv2dImpl, ::torch::nn::Conv2dImpl>(m, p, out) ||
-                                      replace_as<Conv1dImpl, ::torch::nn::Conv1dImpl>(m, p, out));
+                                      replace_as<Conv1dImpl, ::torch::nn::Conv1dImpl>(m, p, out) ||
+                                      replace_as<Conv3dImpl, ::torch::nn::Conv3dImpl>(m, p, out));
   if (weights || excluded) return weights;
   const store_options& s = o.store;
   return (p.active() && o.masks &&
@@ -65,11 +66,12 @@ inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, cons
          (s.dropout && replace_as<DropoutImpl, ::torch::nn::DropoutImpl>(m, s, out));
 }
 
-/// A Linear, Conv2d, Conv1d or Conv1D (the layers with a gamma).
+/// A Linear, a convolution or a Conv1D (the layers with a gamma).
 [[nodiscard]] inline bool is_weight_layer(const ::torch::nn::Module& m) {
   return dynamic_cast<const LinearImpl*>(&m) != nullptr ||
          dynamic_cast<const Conv2dImpl*>(&m) != nullptr ||
          dynamic_cast<const Conv1dImpl*>(&m) != nullptr ||
+         dynamic_cast<const Conv3dImpl*>(&m) != nullptr ||
          dynamic_cast<const Conv1DImpl*>(&m) != nullptr;
 }
 

@@ -12,6 +12,8 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <functional>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -223,25 +225,37 @@ struct gpt2_conv1d_fn : ::torch::autograd::Function<gpt2_conv1d_fn> {
   return (in + 2 * pad - dilation * (k - 1) - 1) / stride + 1;
 }
 
-/// conv2d on a 4-d input, in pieces of samples when its output is larger than a piece (LibTorch's
-/// oneDNN path computes into a scratch buffer and copies it out: pieces bound that buffer).
-[[nodiscard]] inline at::Tensor conv2d_in_pieces(const at::Tensor& x, const at::Tensor& w,
-                                                 const c10::optional<at::Tensor>& b,
-                                                 const conv2d_params& c) {
+/// The window of a d-dimensional convolution (d = 1, 2, 3): one entry per spatial dimension.
+struct conv_geometry {
+  std::vector<std::int64_t> stride, padding, dilation;
+  std::int64_t groups = 1;
+};
+
+/// A convolution on a batched input ([N, C, *spatial]), in pieces of samples when its output is
+/// larger than a piece (LibTorch's oneDNN path computes into a scratch buffer and copies it out:
+/// pieces bound that buffer).
+[[nodiscard]] inline at::Tensor conv_in_pieces(const at::Tensor& x, const at::Tensor& w,
+                                               const c10::optional<at::Tensor>& b,
+                                               const conv_geometry& c) {
   const std::int64_t n = x.size(0);
-  const std::int64_t oh =
-      conv_output_size(x.size(2), w.size(2), c.padding[0], c.stride[0], c.dilation[0]);
-  const std::int64_t ow =
-      conv_output_size(x.size(3), w.size(3), c.padding[1], c.stride[1], c.dilation[1]);
-  const std::size_t sample_bytes =
-      static_cast<std::size_t>(std::max<std::int64_t>(w.size(0) * oh * ow, 0)) * x.element_size();
-  const std::int64_t step = slices_per_piece(n, sample_bytes);
-  if (step >= n) return at::conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+  std::int64_t out_per_sample = w.size(0);
+  for (std::size_t i = 0; i < c.stride.size(); ++i) {
+    const auto d = static_cast<std::int64_t>(i) + 2;
+    out_per_sample *= std::max<std::int64_t>(
+        conv_output_size(x.size(d), w.size(d), c.padding[i], c.stride[i], c.dilation[i]), 0);
+  }
+  const std::vector<std::int64_t> no_output_padding(c.stride.size(), 0);
+  const auto conv = [&](const at::Tensor& part) {
+    return at::convolution(part, w, b, c.stride, c.padding, c.dilation, false, no_output_padding,
+                           c.groups);
+  };
+  const std::int64_t step =
+      slices_per_piece(n, static_cast<std::size_t>(out_per_sample) * x.element_size());
+  if (step >= n) return conv(x);
   at::Tensor y;
   for (std::int64_t s0 = 0; s0 < n; s0 += step) {
     const std::int64_t len = std::min(step, n - s0);
-    const at::Tensor part =
-        at::conv2d(x.narrow(0, s0, len), w, b, c.stride, c.padding, c.dilation, c.groups);
+    const at::Tensor part = conv(x.narrow(0, s0, len));
     if (!y.defined()) {
       std::vector<std::int64_t> sizes = part.sizes().vec();
       sizes[0] = n;
@@ -252,11 +266,12 @@ struct gpt2_conv1d_fn : ::torch::autograd::Function<gpt2_conv1d_fn> {
   return y;
 }
 
-struct conv2d_fn : ::torch::autograd::Function<conv2d_fn> {
+/// A convolution of any rank whose input is saved through dropit.
+struct conv_fn : ::torch::autograd::Function<conv_fn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
-                            const c10::optional<at::Tensor>& b, const conv2d_params& c,
+                            const c10::optional<at::Tensor>& b, const conv_geometry& c,
                             const policy& p) {
-    at::Tensor y = conv2d_in_pieces(x, w, b, c);
+    at::Tensor y = conv_in_pieces(x, w, b, c);
     save_input(ctx, x, w, p);
     ctx->saved_data["has_bias"] = b.has_value();
     ctx->saved_data["stride"] = at::IntArrayRef(c.stride);
@@ -283,16 +298,23 @@ struct conv2d_fn : ::torch::autograd::Function<conv2d_fn> {
     const std::vector<std::int64_t> dilation = ctx->saved_data["dilation"].toIntVector();
     const std::int64_t groups = ctx->saved_data["groups"].toInt();
     const std::int64_t n = x_sizes[0];
-    const std::int64_t per_sample = x_sizes[1] * x_sizes[2] * x_sizes[3];
+    const std::int64_t per_sample =
+        std::accumulate(x_sizes.begin() + 1, x_sizes.end(), std::int64_t{1}, std::multiplies<>());
+    const std::vector<std::int64_t> no_output_padding(stride.size(), 0);
     at::Tensor gx, gw, gb;
-    if (has_bias && ctx->needs_input_grad(2)) gb = g.sum({0, 2, 3});
+    if (has_bias && ctx->needs_input_grad(2)) {
+      std::vector<std::int64_t> dims{0};  // every dimension but the channels
+      for (std::int64_t d = 2; d < static_cast<std::int64_t>(x_sizes.size()); ++d)
+        dims.push_back(d);
+      gb = g.sum(dims);
+    }
     if (!need_x && !need_w) return {gx, gw, gb, at::Tensor(), at::Tensor()};
     if (const at::Tensor xv = need_w ? differentiable_input(ctx, packed, x_sizes) : at::Tensor();
         xv.defined()) {
       // create_graph: one piece, through LibTorch's differentiable convolution_backward.
       std::tie(gx, gw, std::ignore) =
-          at::convolution_backward(g, xv, w, c10::nullopt, stride, padding, dilation, false, {0, 0},
-                                   groups, {need_x, need_w, false});
+          at::convolution_backward(g, xv, w, c10::nullopt, stride, padding, dilation, false,
+                                   no_output_padding, groups, {need_x, need_w, false});
       return {gx, gw, gb, at::Tensor(), at::Tensor()};
     }
     // A piece holds its rebuilt input, its output gradient copy and its input gradient.
@@ -308,9 +330,9 @@ struct conv2d_fn : ::torch::autograd::Function<conv2d_fn> {
       const at::Tensor x = need_w ? saved_part(packed, by_reference, sizes,
                                                static_cast<std::size_t>(s0 * per_sample))
                                   : at::zeros(sizes, g.options());
-      auto [px, pw, pb] = at::convolution_backward(len == n ? g : g.narrow(0, s0, len), x, w,
-                                                   c10::nullopt, stride, padding, dilation, false,
-                                                   {0, 0}, groups, {need_x, need_w, false});
+      auto [px, pw, pb] = at::convolution_backward(
+          len == n ? g : g.narrow(0, s0, len), x, w, c10::nullopt, stride, padding, dilation, false,
+          no_output_padding, groups, {need_x, need_w, false});
       if (need_w) {
         if (gw.defined()) {
           gw.add_(pw);
@@ -748,11 +770,16 @@ inline at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight,
     return at::conv2d(x, weight, bias, params.stride, params.padding, params.dilation,
                       params.groups);
   }
+  DROPIT_EXPECTS(x.dim() == 3 || x.dim() == 4, "torch::conv2d: input must be 3-d or 4-d, got ",
+                 x.dim(), "-d");
+  const detail::conv_geometry c{{params.stride.begin(), params.stride.end()},
+                                {params.padding.begin(), params.padding.end()},
+                                {params.dilation.begin(), params.dilation.end()},
+                                params.groups};
   if (x.dim() == 3) {  // unbatched [C, H, W], as LibTorch accepts
-    return detail::conv2d_fn::apply(x.unsqueeze(0), weight, bias, params, p).squeeze(0);
+    return detail::conv_fn::apply(x.unsqueeze(0), weight, bias, c, p).squeeze(0);
   }
-  DROPIT_EXPECTS(x.dim() == 4, "torch::conv2d: input must be 3-d or 4-d, got ", x.dim(), "-d");
-  return detail::conv2d_fn::apply(x, weight, bias, params, p);
+  return detail::conv_fn::apply(x, weight, bias, c, p);
 }
 
 inline at::Tensor gpt2_conv1d(const at::Tensor& x, const at::Tensor& weight,

@@ -35,6 +35,54 @@ inline void copy_parameters(const ::torch::nn::Module& from, ::torch::nn::Module
   }
 }
 
+/**
+ * A d-dimensional convolution module's input padded as LibTorch's module pads it, and the
+ * symmetric padding left to the convolution: explicit, 'valid' or 'same' (the odd one out on the
+ * far side, as LibTorch does); a padding mode other than zeros pads explicitly.
+ */
+template <std::size_t D>
+[[nodiscard]] std::pair<at::Tensor, std::vector<std::int64_t>> conv_module_input(
+    const at::Tensor& input, const ::torch::nn::detail::ConvNdOptions<D>& o) {
+  std::array<std::int64_t, D> left{}, right{};
+  if (const auto* pad = c10::get_if<::torch::ExpandingArray<D>>(&o.padding())) {
+    for (std::size_t i = 0; i < D; ++i)
+      left[i] = right[i] = (**pad)[i];
+  } else if (c10::get_if<::torch::enumtype::kSame>(&o.padding()) != nullptr) {
+    for (std::size_t i = 0; i < D; ++i) {
+      const std::int64_t total = (*o.dilation())[i] * ((*o.kernel_size())[i] - 1);
+      left[i] = total / 2;
+      right[i] = total - left[i];
+    }
+  }
+  if (c10::get_if<::torch::enumtype::kZeros>(&o.padding_mode()) == nullptr) {
+    namespace F = ::torch::nn::functional;
+    F::PadFuncOptions::mode_t mode = ::torch::kCircular;
+    if (c10::get_if<::torch::enumtype::kReflect>(&o.padding_mode())) mode = ::torch::kReflect;
+    if (c10::get_if<::torch::enumtype::kReplicate>(&o.padding_mode())) mode = ::torch::kReplicate;
+    std::vector<std::int64_t> pads;  // the last dimension first
+    for (std::size_t i = D; i-- > 0;) {
+      pads.push_back(left[i]);
+      pads.push_back(right[i]);
+    }
+    return {F::pad(input, F::PadFuncOptions(pads).mode(mode)), std::vector<std::int64_t>(D, 0)};
+  }
+  at::Tensor x = input;
+  if (left != right) {
+    std::vector<std::int64_t> extra;  // on the far side, the last dimension first
+    for (std::size_t i = D; i-- > 0;) {
+      extra.push_back(0);
+      extra.push_back(right[i] - left[i]);
+    }
+    x = at::constant_pad_nd(x, extra, 0);
+  }
+  return {x, {left.begin(), left.end()}};
+}
+
+/// A module's bias as the functional ops take it.
+[[nodiscard]] inline c10::optional<at::Tensor> optional_bias(const at::Tensor& bias) {
+  return bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt;
+}
+
 /// A torch::nn module's printout without its "torch::nn::" prefix and closing parenthesis.
 inline std::string base_text(std::string s) {
   if (s.starts_with("torch::nn::")) s.erase(0, 11);
@@ -134,41 +182,13 @@ inline Conv2dImpl::Conv2dImpl(const ::torch::nn::Conv2dImpl& other, const policy
 inline at::Tensor Conv2dImpl::forward(const at::Tensor& input) {
   const policy p = weight_policy(is_training());
   if (!p.active()) return ::torch::nn::Conv2dImpl::forward(input);
+  const auto [x, padding] = detail::conv_module_input<2>(input, options);
   conv2d_params c;
   c.stride = {(*options.stride())[0], (*options.stride())[1]};
+  c.padding = {padding[0], padding[1]};
   c.dilation = {(*options.dilation())[0], (*options.dilation())[1]};
   c.groups = options.groups();
-  // Padding per side, (height, width): explicit, 'valid', or 'same' (the odd one out on the far
-  // side, as LibTorch does).
-  std::array<std::int64_t, 2> left{0, 0}, right{0, 0};
-  if (const auto* pad = c10::get_if<::torch::ExpandingArray<2>>(&options.padding())) {
-    left = right = {(**pad)[0], (**pad)[1]};
-  } else if (c10::get_if<::torch::enumtype::kSame>(&options.padding()) != nullptr) {
-    for (int i = 0; i < 2; ++i) {
-      const std::int64_t total = c.dilation[i] * ((*options.kernel_size())[i] - 1);
-      left[i] = total / 2;
-      right[i] = total - left[i];
-    }
-  }
-  at::Tensor x = input;
-  if (c10::get_if<::torch::enumtype::kZeros>(&options.padding_mode()) == nullptr) {
-    // Other padding modes pad explicitly, as LibTorch's module does.
-    namespace F = ::torch::nn::functional;
-    F::PadFuncOptions::mode_t mode = ::torch::kCircular;
-    if (c10::get_if<::torch::enumtype::kReflect>(&options.padding_mode())) mode = ::torch::kReflect;
-    if (c10::get_if<::torch::enumtype::kReplicate>(&options.padding_mode())) {
-      mode = ::torch::kReplicate;
-    }
-    x = F::pad(x, F::PadFuncOptions({left[1], right[1], left[0], right[0]}).mode(mode));
-    c.padding = {0, 0};
-  } else {
-    if (left != right) {
-      x = at::constant_pad_nd(x, {0, right[1] - left[1], 0, right[0] - left[0]}, 0);
-    }
-    c.padding = left;
-  }
-  return dropit::torch::conv2d(
-      x, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, c, p);
+  return dropit::torch::conv2d(x, weight, detail::optional_bias(bias), c, p);
 }
 
 inline std::shared_ptr<::torch::nn::Module> Conv2dImpl::clone(
@@ -212,38 +232,18 @@ inline at::Tensor Conv1dImpl::forward(const at::Tensor& input) {
   if (!p.active()) return ::torch::nn::Conv1dImpl::forward(input);
   DROPIT_EXPECTS(input.dim() == 2 || input.dim() == 3,
                  "torch::Conv1d: input must be 2-d or 3-d, got ", input.dim(), "-d");
-  conv2d_params c;
+  const bool batched = input.dim() == 3;
+  const auto [x, padding] =
+      detail::conv_module_input<1>(batched ? input : input.unsqueeze(0), options);
+  conv2d_params c;  // [N, C, L] as [N, C, 1, L]
   c.stride = {1, (*options.stride())[0]};
+  c.padding = {0, padding[0]};
   c.dilation = {1, (*options.dilation())[0]};
   c.groups = options.groups();
-  // Padding per side: explicit, 'valid', or 'same' (the odd one out on the right, as LibTorch).
-  std::int64_t left = 0, right = 0;
-  if (const auto* pad = c10::get_if<::torch::ExpandingArray<1>>(&options.padding())) {
-    left = right = (**pad)[0];
-  } else if (c10::get_if<::torch::enumtype::kSame>(&options.padding()) != nullptr) {
-    const std::int64_t total = c.dilation[1] * ((*options.kernel_size())[0] - 1);
-    left = total / 2;
-    right = total - left;
-  }
-  at::Tensor x = input.dim() == 3 ? input : input.unsqueeze(0);
-  if (c10::get_if<::torch::enumtype::kZeros>(&options.padding_mode()) == nullptr) {
-    namespace F = ::torch::nn::functional;
-    F::PadFuncOptions::mode_t mode = ::torch::kCircular;
-    if (c10::get_if<::torch::enumtype::kReflect>(&options.padding_mode())) mode = ::torch::kReflect;
-    if (c10::get_if<::torch::enumtype::kReplicate>(&options.padding_mode())) {
-      mode = ::torch::kReplicate;
-    }
-    x = F::pad(x, F::PadFuncOptions({left, right}).mode(mode));
-    left = 0;
-  } else if (left != right) {
-    x = at::constant_pad_nd(x, {0, right - left}, 0);
-  }
-  c.padding = {0, left};
   at::Tensor y =
-      dropit::torch::conv2d(x.unsqueeze(2), weight.unsqueeze(2),
-                            bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, c, p);
-  y = y.squeeze(2);
-  return input.dim() == 3 ? y : y.squeeze(0);
+      dropit::torch::conv2d(x.unsqueeze(2), weight.unsqueeze(2), detail::optional_bias(bias), c, p)
+          .squeeze(2);
+  return batched ? y : y.squeeze(0);
 }
 
 inline std::shared_ptr<::torch::nn::Module> Conv1dImpl::clone(
@@ -267,6 +267,60 @@ inline std::shared_ptr<::torch::nn::Module> Conv1dImpl::clone(
 inline void Conv1dImpl::pretty_print(std::ostream& stream) const {
   std::ostringstream base;
   ::torch::nn::Conv1dImpl::pretty_print(base);
+  stream << "dropit::torch::" << detail::base_text(base.str()) << ", ";
+  print_policy(stream);
+  stream << ")";
+}
+
+// ---- Conv3d --------------------------------------------------------------------------------
+
+inline Conv3dImpl::Conv3dImpl(const ::torch::nn::Conv3dOptions& options, const policy& p)
+    : ::torch::nn::Conv3dImpl(options), layer(p) {
+}
+
+inline Conv3dImpl::Conv3dImpl(const ::torch::nn::Conv3dImpl& other, const policy& p)
+    : ::torch::nn::Module(other), ::torch::nn::Conv3dImpl(other), layer(p) {
+}
+
+inline at::Tensor Conv3dImpl::forward(const at::Tensor& input) {
+  const policy p = weight_policy(is_training());
+  if (!p.active() || !detail::wants_cache(p, input, weight)) {
+    return ::torch::nn::Conv3dImpl::forward(input);
+  }
+  DROPIT_EXPECTS(input.dim() == 4 || input.dim() == 5,
+                 "torch::Conv3d: input must be 4-d or 5-d, got ", input.dim(), "-d");
+  const bool batched = input.dim() == 5;
+  const auto [x, padding] =
+      detail::conv_module_input<3>(batched ? input : input.unsqueeze(0), options);
+  const detail::conv_geometry c{{options.stride()->begin(), options.stride()->end()},
+                                padding,
+                                {options.dilation()->begin(), options.dilation()->end()},
+                                options.groups()};
+  at::Tensor y = detail::conv_fn::apply(x, weight, detail::optional_bias(bias), c, p);
+  return batched ? y : y.squeeze(0);
+}
+
+inline std::shared_ptr<::torch::nn::Module> Conv3dImpl::clone(
+    const c10::optional<c10::Device>& device) const {
+  const auto& o = options;
+  auto copy = std::make_shared<Conv3dImpl>(
+      ::torch::nn::Conv3dOptions(o.in_channels(), o.out_channels(), o.kernel_size())
+          .stride(o.stride())
+          .padding(o.padding())
+          .dilation(o.dilation())
+          .groups(o.groups())
+          .bias(o.bias())
+          .padding_mode(o.padding_mode()),
+      get_policy());
+  copy->exclude(excluded());
+  detail::copy_parameters(*this, *copy, device);
+  copy->train(is_training());
+  return copy;
+}
+
+inline void Conv3dImpl::pretty_print(std::ostream& stream) const {
+  std::ostringstream base;
+  ::torch::nn::Conv3dImpl::pretty_print(base);
   stream << "dropit::torch::" << detail::base_text(base.str()) << ", ";
   print_policy(stream);
   stream << ")";
