@@ -690,9 +690,98 @@ TEST_CASE("torch: Conv2d padding modes and 'same' go through dropit like LibTorc
   }
 }
 
+/**
+ * A dropit convolution module `Ours` against LibTorch's `Plain` with the same options and
+ * parameters (identity policy), batched ([2, C, *spatial]) and unbatched: output, input and
+ * parameter gradients. Unbatched, LibTorch's module runs on a batch of one (its own unbatched
+ * circular padding throws in 1.13).
+ */
+template <class Plain, class Ours, class Options>
+void check_conv_module(const std::vector<Options>& cases, std::vector<std::int64_t> spatial) {
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    for (const bool batched : {true, false}) {
+      CAPTURE(i);
+      CAPTURE(batched);
+      torch::manual_seed(17);
+      Plain plain(cases[i]);
+      Ours ours(cases[i], make_policy(dt::policy_kind::identity));
+      {
+        torch::NoGradGuard no_grad;
+        for (std::size_t j = 0; j < plain->parameters().size(); ++j)
+          ours->parameters()[j].copy_(plain->parameters()[j]);
+      }
+      std::vector<std::int64_t> sizes{cases[i].in_channels()};
+      if (batched) sizes.insert(sizes.begin(), 2);
+      sizes.insert(sizes.end(), spatial.begin(), spatial.end());
+      const auto x = torch::randn(sizes);
+      auto xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
+      auto ya = ours(xa), yb = batched ? plain(xb) : plain(xb.unsqueeze(0)).squeeze(0);
+      REQUIRE(ya.sizes() == yb.sizes());
+      CHECK(rel_diff(ya, yb) <= 1e-6);
+      ya.pow(2).sum().backward();
+      yb.pow(2).sum().backward();
+      CHECK(rel_diff(xa.grad(), xb.grad()) <= 1e-6);
+      for (std::size_t j = 0; j < plain->parameters().size(); ++j)
+        CHECK(rel_diff(ours->parameters()[j].grad(), plain->parameters()[j].grad()) <= 1e-6);
+      CHECK(ours->steps() == 1);
+    }
+  }
+}
+
+/**
+ * A dropit convolution module with MinK 0.9 (double) on a tie-free x: the output, input and bias
+ * gradients exact, the weight gradient that of the top-k-sparsified input (and not the exact
+ * one). `conv(x, w, b)` is LibTorch's functional op with the module's options.
+ */
+template <class Module, class Conv>
+void check_conv_module_mink(Module& ours, const torch::Tensor& x, const Conv& conv) {
+  const double gamma = 0.9;
+  ours->set_policy(make_policy(dt::policy_kind::mink, gamma));
+  ours->to(torch::kDouble);
+  auto xa = x.clone().requires_grad_(true);
+  const auto y = ours(xa);
+  torch::manual_seed(99);
+  const auto r = torch::randn(y.sizes(), y.options());
+  (y * r).sum().backward();
+  const auto w = ours->weight.detach(), b = ours->bias.detach();
+  auto xb = x.clone().requires_grad_(true);
+  auto we = w.clone().requires_grad_(true), ws = w.clone().requires_grad_(true);
+  const auto yb = conv(xb, we, b);
+  (yb * r).sum().backward();
+  (conv(topk_sparsified(x, gamma), ws, b) * r).sum().backward();
+  CHECK(rel_diff(y, yb) <= 1e-12);
+  CHECK(rel_diff(xa.grad(), xb.grad()) <= 1e-12);
+  CHECK(rel_diff(ours->weight.grad(), ws.grad()) <= 1e-12);
+  CHECK(rel_diff(ours->weight.grad(), we.grad()) > 1e-6);  // the selection did drop elements
+  std::vector<std::int64_t> dims{0};                       // every dimension but the channels
+  for (std::int64_t d = 2; d < r.dim(); ++d)
+    dims.push_back(d);
+  CHECK(rel_diff(ours->bias.grad(), r.sum(dims)) <= 1e-12);
+}
+
+/// to_dropit replaces a `Std` convolution by a dropit `Impl` that takes its layer gamma, prints
+/// as `printed...` and clones with its options (a reflect padding mode) and weight.
+template <class Impl, class Std, class Options>
+void check_conv_replacement(const Options& reflect_options, const std::string& printed) {
+  auto seq = nn::Sequential(Std(reflect_options), nn::ReLU());
+  dt::convert_options gammas;
+  gammas.layer_gamma = {{"0", 0.5}};
+  CHECK(dt::to_dropit(*seq, make_policy(dt::policy_kind::mink), gammas).replaced == 2);
+  const auto* ours = seq[0]->template as<Impl>();
+  REQUIRE(ours != nullptr);
+  CHECK(ours->get_policy().gamma == 0.5);
+  std::ostringstream text;
+  text << *seq[0];
+  CHECK(text.str().starts_with(printed));
+  auto copy = std::dynamic_pointer_cast<Impl>(ours->clone());
+  REQUIRE(copy);
+  CHECK(c10::get_if<torch::enumtype::kReflect>(&copy->options.padding_mode()) != nullptr);
+  CHECK(torch::equal(copy->weight, ours->weight));
+}
+
 TEST_CASE(
-    "torch: Conv1d through dropit: LibTorch's gradients (padding modes, 'same', groups, "
-    "unbatched); MinK's from the top-k input") {
+    "torch: Conv1d through dropit: LibTorch's gradients (padding modes, 'same', unbatched); "
+    "MinK's from the top-k input") {
   using opts = nn::Conv1dOptions;
   const std::vector<opts> cases = {
       opts(4, 6, 3).stride(2).padding(1).dilation(2).groups(2),
@@ -701,83 +790,22 @@ TEST_CASE(
       opts(2, 3, 3).padding(1).padding_mode(torch::kCircular),
       opts(2, 3, 3).padding(1).padding_mode(torch::kReplicate).bias(false),
       opts(2, 3, 5).padding(torch::kValid)};
-  for (std::size_t i = 0; i < cases.size(); ++i) {
-    for (const bool batched : {true, false}) {
-      CAPTURE(i);
-      CAPTURE(batched);
-      torch::manual_seed(17);
-      nn::Conv1d plain(cases[i]);
-      dt::Conv1d ours(cases[i], make_policy(dt::policy_kind::identity));
-      {
-        torch::NoGradGuard no_grad;
-        for (std::size_t j = 0; j < plain->parameters().size(); ++j)
-          ours->parameters()[j].copy_(plain->parameters()[j]);
-      }
-      const std::int64_t c_in = cases[i].in_channels();
-      auto x = batched ? torch::randn({2, c_in, 13}) : torch::randn({c_in, 13});
-      auto xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
-      // unbatched: LibTorch's module on a batch of one (its own unbatched circular padding
-      // throws in 1.13)
-      auto ya = ours(xa), yb = batched ? plain(xb) : plain(xb.unsqueeze(0)).squeeze(0);
-      REQUIRE(ya.sizes() == yb.sizes());
-      CHECK(rel_diff(ya, yb) <= 1e-6);
-      ya.pow(2).sum().backward();
-      yb.pow(2).sum().backward();
-      CHECK(rel_diff(xa.grad(), xb.grad()) <= 1e-6);
-      for (std::size_t j = 0; j < plain->parameters().size(); ++j)
-        CHECK(rel_diff(ours->parameters()[j].grad(), plain->parameters()[j].grad()) <= 1e-6);
-      CHECK(ours->steps() == 1);
-    }
-  }
-  // MinK 0.9: exact output, input and bias gradients; the weight gradient of the sparsified input
-  const double gamma = 0.9;
-  const auto x = tie_free({2, 4, 13}, torch::kDouble, 4);
-  dt::Conv1d ours(cases[0], make_policy(dt::policy_kind::mink, gamma));
-  ours->to(torch::kDouble);
-  auto xa = x.clone().requires_grad_(true);
-  const auto y = ours(xa);
-  torch::manual_seed(99);
-  const auto r = torch::randn(y.sizes(), y.options());
-  (y * r).sum().backward();
-  const auto w = ours->weight.detach();
-  const auto b = ours->bias.detach();
-  const auto conv = [&](const torch::Tensor& in, const torch::Tensor& weight) {
-    return torch::conv1d(in, weight, b, 2, 1, 2, 2);
-  };
-  auto xb = x.clone().requires_grad_(true);
-  auto we = w.clone().requires_grad_(true);
-  const auto yb = conv(xb, we);
-  (yb * r).sum().backward();
-  auto ws = w.clone().requires_grad_(true);
-  (conv(topk_sparsified(x, gamma), ws) * r).sum().backward();
-  CHECK(rel_diff(y, yb) <= 1e-12);
-  CHECK(rel_diff(xa.grad(), xb.grad()) <= 1e-12);
-  CHECK(rel_diff(ours->weight.grad(), ws.grad()) <= 1e-12);
-  CHECK(rel_diff(ours->weight.grad(), we.grad()) > 1e-6);  // the selection did drop elements
-  CHECK(rel_diff(ours->bias.grad(), r.sum(at::IntArrayRef{0, 2})) <= 1e-12);
-  // to_dropit replaces a Conv1d, clone keeps its options, printing names it
-  auto seq = nn::Sequential(nn::Conv1d(cases[2]), nn::ReLU());
-  dt::convert_options gammas;
-  gammas.layer_gamma = {{"0", 0.5}};
-  const auto report = dt::to_dropit(*seq, make_policy(dt::policy_kind::mink), gammas);
-  CHECK(report.replaced == 2);
-  REQUIRE(seq[0]->as<dt::Conv1dImpl>() != nullptr);
-  CHECK(seq[0]->as<dt::Conv1dImpl>()->get_policy().gamma == 0.5);  // a layer with a gamma
-  std::ostringstream text;
-  text << *seq[0];
-  CHECK(text.str().starts_with("dropit::torch::Conv1d(2, 3, kernel_size=3"));
-  auto copy = std::dynamic_pointer_cast<dt::Conv1dImpl>(seq[0]->as<dt::Conv1dImpl>()->clone());
-  REQUIRE(copy);
-  CHECK(c10::get_if<torch::enumtype::kReflect>(&copy->options.padding_mode()) != nullptr);
-  CHECK(torch::equal(copy->weight, seq[0]->as<dt::Conv1dImpl>()->weight));
+  check_conv_module<nn::Conv1d, dt::Conv1d>(cases, {13});
+  dt::Conv1d ours(cases[0]);
+  check_conv_module_mink(ours, tie_free({2, 4, 13}, torch::kDouble, 4),
+                         [](const auto& x, const auto& w, const auto& b) {
+                           return torch::conv1d(x, w, b, 2, 1, 2, 2);
+                         });
+  check_conv_replacement<dt::Conv1dImpl, nn::Conv1d>(cases[2],
+                                                     "dropit::torch::Conv1d(2, 3, kernel_size=3");
   CHECK_THROWS_WITH_AS((void)ours(torch::randn({1, 2, 4, 13}, torch::kDouble)),
                        doctest::Contains("Conv1d: input must be 2-d or 3-d, got 4-d"),
                        dropit::error);
 }
 
 TEST_CASE(
-    "torch: Conv3d through dropit: LibTorch's gradients (padding modes, 'same', groups, "
-    "unbatched); MinK's from the top-k input") {
+    "torch: Conv3d through dropit: LibTorch's gradients (padding modes, 'same', unbatched); "
+    "MinK's from the top-k input") {
   using opts = nn::Conv3dOptions;
   const std::vector<opts> cases = {
       opts(4, 6, 3).stride({1, 2, 2}).padding({1, 0, 2}).dilation({1, 1, 2}).groups(2),
@@ -785,72 +813,14 @@ TEST_CASE(
       opts(2, 3, 3).padding(1).padding_mode(torch::kReflect),
       opts(2, 3, 3).padding(1).padding_mode(torch::kCircular).bias(false),
       opts(2, 3, 2).padding(1).padding_mode(torch::kReplicate)};
-  for (std::size_t i = 0; i < cases.size(); ++i) {
-    for (const bool batched : {true, false}) {
-      CAPTURE(i);
-      CAPTURE(batched);
-      torch::manual_seed(18);
-      nn::Conv3d plain(cases[i]);
-      dt::Conv3d ours(cases[i], make_policy(dt::policy_kind::identity));
-      {
-        torch::NoGradGuard no_grad;
-        for (std::size_t j = 0; j < plain->parameters().size(); ++j)
-          ours->parameters()[j].copy_(plain->parameters()[j]);
-      }
-      const std::int64_t c_in = cases[i].in_channels();
-      auto x = batched ? torch::randn({2, c_in, 5, 6, 7}) : torch::randn({c_in, 5, 6, 7});
-      auto xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
-      auto ya = ours(xa), yb = batched ? plain(xb) : plain(xb.unsqueeze(0)).squeeze(0);
-      REQUIRE(ya.sizes() == yb.sizes());
-      CHECK(rel_diff(ya, yb) <= 1e-6);
-      ya.pow(2).sum().backward();
-      yb.pow(2).sum().backward();
-      CHECK(rel_diff(xa.grad(), xb.grad()) <= 1e-6);
-      for (std::size_t j = 0; j < plain->parameters().size(); ++j)
-        CHECK(rel_diff(ours->parameters()[j].grad(), plain->parameters()[j].grad()) <= 1e-6);
-      CHECK(ours->steps() == 1);
-    }
-  }
-  // MinK 0.9: exact output, input and bias gradients; the weight gradient of the sparsified input
-  const double gamma = 0.9;
-  const auto x = tie_free({2, 4, 5, 6, 7}, torch::kDouble, 5);
-  dt::Conv3d ours(cases[0], make_policy(dt::policy_kind::mink, gamma));
-  ours->to(torch::kDouble);
-  auto xa = x.clone().requires_grad_(true);
-  const auto y = ours(xa);
-  torch::manual_seed(99);
-  const auto r = torch::randn(y.sizes(), y.options());
-  (y * r).sum().backward();
-  const auto w = ours->weight.detach();
-  const auto conv = [&](const torch::Tensor& in, const torch::Tensor& weight) {
-    return torch::conv3d(in, weight, ours->bias.detach(), {1, 2, 2}, {1, 0, 2}, {1, 1, 2}, 2);
-  };
-  auto xb = x.clone().requires_grad_(true);
-  auto we = w.clone().requires_grad_(true);
-  const auto yb = conv(xb, we);
-  (yb * r).sum().backward();
-  auto ws = w.clone().requires_grad_(true);
-  (conv(topk_sparsified(x, gamma), ws) * r).sum().backward();
-  CHECK(rel_diff(y, yb) <= 1e-12);
-  CHECK(rel_diff(xa.grad(), xb.grad()) <= 1e-12);
-  CHECK(rel_diff(ours->weight.grad(), ws.grad()) <= 1e-12);
-  CHECK(rel_diff(ours->weight.grad(), we.grad()) > 1e-6);  // the selection did drop elements
-  CHECK(rel_diff(ours->bias.grad(), r.sum(at::IntArrayRef{0, 2, 3, 4})) <= 1e-12);
-  // to_dropit replaces a Conv3d (with its layer gamma); clone keeps its options
-  auto seq = nn::Sequential(nn::Conv3d(cases[2]), nn::ReLU());
-  dt::convert_options gammas;
-  gammas.layer_gamma = {{"0", 0.5}};
-  const auto report = dt::to_dropit(*seq, make_policy(dt::policy_kind::mink), gammas);
-  CHECK(report.replaced == 2);
-  REQUIRE(seq[0]->as<dt::Conv3dImpl>() != nullptr);
-  CHECK(seq[0]->as<dt::Conv3dImpl>()->get_policy().gamma == 0.5);
-  std::ostringstream text;
-  text << *seq[0];
-  CHECK(text.str().starts_with("dropit::torch::Conv3d(2, 3, kernel_size=[3, 3, 3]"));
-  auto copy = std::dynamic_pointer_cast<dt::Conv3dImpl>(seq[0]->as<dt::Conv3dImpl>()->clone());
-  REQUIRE(copy);
-  CHECK(c10::get_if<torch::enumtype::kReflect>(&copy->options.padding_mode()) != nullptr);
-  CHECK(torch::equal(copy->weight, seq[0]->as<dt::Conv3dImpl>()->weight));
+  check_conv_module<nn::Conv3d, dt::Conv3d>(cases, {5, 6, 7});
+  dt::Conv3d ours(cases[0]);
+  check_conv_module_mink(ours, tie_free({2, 4, 5, 6, 7}, torch::kDouble, 5),
+                         [](const auto& x, const auto& w, const auto& b) {
+                           return torch::conv3d(x, w, b, {1, 2, 2}, {1, 0, 2}, {1, 1, 2}, 2);
+                         });
+  check_conv_replacement<dt::Conv3dImpl, nn::Conv3d>(
+      cases[2], "dropit::torch::Conv3d(2, 3, kernel_size=[3, 3, 3]");
   CHECK_THROWS_WITH_AS((void)ours(torch::randn({2, 4, 5, 6, 7, 1}, torch::kDouble)),
                        doctest::Contains("Conv3d: input must be 4-d or 5-d, got 6-d"),
                        dropit::error);
