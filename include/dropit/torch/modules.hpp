@@ -32,6 +32,7 @@
 #include <torch/nn/modules/pooling.h>
 #include <torch/nn/pimpl.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <ostream>
@@ -106,60 +107,56 @@ class LinearImpl : public ::torch::nn::LinearImpl, public layer {
   void pretty_print(std::ostream& stream) const override;
 };
 
-/// @brief 2-d convolution that saves its input through dropit; see `torch::nn::Conv2dImpl`.
-class Conv2dImpl : public ::torch::nn::Conv2dImpl, public layer {
- public:
-  /// @brief As `torch::nn::Conv2d(options)` (every padding mode, 'same' and 'valid' included).
-  explicit Conv2dImpl(const ::torch::nn::Conv2dOptions& options, const policy& p = {});
-  /// @brief Takes over a standard layer's parameter tensors, options and training mode.
-  explicit Conv2dImpl(const ::torch::nn::Conv2dImpl& other, const policy& p = {});
-
-  /// @brief The convolution.
-  at::Tensor forward(const at::Tensor& input);
-  /// @copydoc LinearImpl::clone
-  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
-      const c10::optional<c10::Device>& device = c10::nullopt) const override;
-  /// @brief "dropit::torch::Conv2d(.., policy=..)".
-  void pretty_print(std::ostream& stream) const override;
+namespace detail {
+/// LibTorch's convolution module of `D` spatial dimensions (1, 2 or 3).
+template <std::size_t D>
+struct standard_conv;
+template <>
+struct standard_conv<1> {
+  using type = ::torch::nn::Conv1dImpl;
 };
+template <>
+struct standard_conv<2> {
+  using type = ::torch::nn::Conv2dImpl;
+};
+template <>
+struct standard_conv<3> {
+  using type = ::torch::nn::Conv3dImpl;
+};
+}  // namespace detail
 
 /**
- * @brief 1-d convolution that saves its input through dropit; see `torch::nn::Conv1dImpl` (not
- * GPT-2's `Conv1D` below). It runs as `conv2d` on [N, C, 1, L] (the 2-d path LibTorch takes for
- * a 1-d convolution too), so it shares `Conv2d`'s backward in pieces.
+ * @brief `torch::nn::Conv1d` / `Conv2d` / `Conv3d` (`D` = 1, 2, 3) that saves its input through
+ * dropit: every padding mode, 'same' (asymmetric when the kernel wants it) and 'valid', stride,
+ * dilation, groups, batched [N, C, ...] or unbatched [C, ...] input. One rank-generic autograd
+ * function (`conv_fn`) computes the backward in pieces of samples for every rank. Not GPT-2's
+ * `Conv1D` below.
  */
-class Conv1dImpl : public ::torch::nn::Conv1dImpl, public layer {
- public:
-  /// @brief As `torch::nn::Conv1d(options)` (every padding mode, 'same' and 'valid' included).
-  explicit Conv1dImpl(const ::torch::nn::Conv1dOptions& options, const policy& p = {});
-  /// @brief Takes over a standard layer's parameter tensors, options and training mode.
-  explicit Conv1dImpl(const ::torch::nn::Conv1dImpl& other, const policy& p = {});
+template <std::size_t D>
+class ConvImpl : public detail::standard_conv<D>::type, public layer {
+  static_assert(D >= 1 && D <= 3, "ConvImpl: D is 1, 2 or 3");
 
-  /// @brief The convolution of [N, C, L] or unbatched [C, L] input.
+ public:
+  /// LibTorch's module this one derives from and stands in for.
+  using standard_type = typename detail::standard_conv<D>::type;
+
+  /// @brief As `torch::nn::Conv{D}d(options)`.
+  explicit ConvImpl(const ::torch::nn::ConvOptions<D>& options, const policy& p = {});
+  /// @brief Takes over a standard layer: the SAME parameter tensors, options and training mode.
+  explicit ConvImpl(const standard_type& other, const policy& p = {});
+
+  /// @brief The convolution of [N, C, ...] (D spatial dimensions) or unbatched [C, ...] input.
   at::Tensor forward(const at::Tensor& input);
   /// @copydoc LinearImpl::clone
   [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
       const c10::optional<c10::Device>& device = c10::nullopt) const override;
-  /// @brief "dropit::torch::Conv1d(.., policy=..)".
+  /// @brief "dropit::torch::Conv{D}d(.., policy=..)".
   void pretty_print(std::ostream& stream) const override;
 };
 
-/// @brief 3-d convolution that saves its input through dropit; see `torch::nn::Conv3dImpl`.
-class Conv3dImpl : public ::torch::nn::Conv3dImpl, public layer {
- public:
-  /// @brief As `torch::nn::Conv3d(options)` (every padding mode, 'same' and 'valid' included).
-  explicit Conv3dImpl(const ::torch::nn::Conv3dOptions& options, const policy& p = {});
-  /// @brief Takes over a standard layer's parameter tensors, options and training mode.
-  explicit Conv3dImpl(const ::torch::nn::Conv3dImpl& other, const policy& p = {});
-
-  /// @brief The convolution of [N, C, D, H, W] or unbatched [C, D, H, W] input.
-  at::Tensor forward(const at::Tensor& input);
-  /// @copydoc LinearImpl::clone
-  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
-      const c10::optional<c10::Device>& device = c10::nullopt) const override;
-  /// @brief "dropit::torch::Conv3d(.., policy=..)".
-  void pretty_print(std::ostream& stream) const override;
-};
+using Conv1dImpl = ConvImpl<1>;  ///< `torch::nn::Conv1d` through dropit
+using Conv2dImpl = ConvImpl<2>;  ///< `torch::nn::Conv2d` through dropit
+using Conv3dImpl = ConvImpl<3>;  ///< `torch::nn::Conv3d` through dropit
 
 /// @brief Options of GPT-2's Conv1D: nf outputs from nx inputs.
 struct Conv1DOptions {
@@ -364,24 +361,16 @@ class Linear : public ::torch::nn::ModuleHolder<LinearImpl> {
   using ::torch::nn::ModuleHolder<LinearImpl>::ModuleHolder;
   using Impl = LinearImpl;  ///< the module type
 };
-/// @brief Module holder of `Conv2dImpl`.
-class Conv2d : public ::torch::nn::ModuleHolder<Conv2dImpl> {
+/// @brief Module holder of `ConvImpl<D>`.
+template <std::size_t D>
+class Conv : public ::torch::nn::ModuleHolder<ConvImpl<D>> {
  public:
-  using ::torch::nn::ModuleHolder<Conv2dImpl>::ModuleHolder;
-  using Impl = Conv2dImpl;  ///< the module type
+  using ::torch::nn::ModuleHolder<ConvImpl<D>>::ModuleHolder;
+  using Impl = ConvImpl<D>;  ///< the module type
 };
-/// @brief Module holder of `Conv1dImpl` (LibTorch's 1-d convolution).
-class Conv1d : public ::torch::nn::ModuleHolder<Conv1dImpl> {
- public:
-  using ::torch::nn::ModuleHolder<Conv1dImpl>::ModuleHolder;
-  using Impl = Conv1dImpl;  ///< the module type
-};
-/// @brief Module holder of `Conv3dImpl`.
-class Conv3d : public ::torch::nn::ModuleHolder<Conv3dImpl> {
- public:
-  using ::torch::nn::ModuleHolder<Conv3dImpl>::ModuleHolder;
-  using Impl = Conv3dImpl;  ///< the module type
-};
+using Conv1d = Conv<1>;  ///< holder of `Conv1dImpl` (LibTorch's 1-d convolution)
+using Conv2d = Conv<2>;  ///< holder of `Conv2dImpl`
+using Conv3d = Conv<3>;  ///< holder of `Conv3dImpl`
 /// @brief Module holder of `Conv1DImpl`.
 class Conv1D : public ::torch::nn::ModuleHolder<Conv1DImpl> {
  public:

@@ -168,143 +168,44 @@ inline void LinearImpl::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
-// ---- Conv2d --------------------------------------------------------------------------------
+// ---- Conv1d / Conv2d / Conv3d -----------------------------------------------------------
 
-inline Conv2dImpl::Conv2dImpl(const ::torch::nn::Conv2dOptions& options, const policy& p)
-    : ::torch::nn::Conv2dImpl(options), layer(p) {
+template <std::size_t D>
+ConvImpl<D>::ConvImpl(const ::torch::nn::ConvOptions<D>& options, const policy& p)
+    : standard_type(options), layer(p) {
 }
 
-inline Conv2dImpl::Conv2dImpl(const ::torch::nn::Conv2dImpl& other, const policy& p)
+template <std::size_t D>
+ConvImpl<D>::ConvImpl(const standard_type& other, const policy& p)
     // Module is a virtual base: copy it here too, or the parameters would not come along.
-    : ::torch::nn::Module(other), ::torch::nn::Conv2dImpl(other), layer(p) {
+    : ::torch::nn::Module(other), standard_type(other), layer(p) {
 }
 
-inline at::Tensor Conv2dImpl::forward(const at::Tensor& input) {
-  const policy p = weight_policy(is_training());
-  if (!p.active()) return ::torch::nn::Conv2dImpl::forward(input);
-  const auto [x, padding] = detail::conv_module_input<2>(input, options);
-  conv2d_params c;
-  c.stride = {(*options.stride())[0], (*options.stride())[1]};
-  c.padding = {padding[0], padding[1]};
-  c.dilation = {(*options.dilation())[0], (*options.dilation())[1]};
-  c.groups = options.groups();
-  return dropit::torch::conv2d(x, weight, detail::optional_bias(bias), c, p);
-}
-
-inline std::shared_ptr<::torch::nn::Module> Conv2dImpl::clone(
-    const c10::optional<c10::Device>& device) const {
-  const auto& o = options;
-  auto copy = std::make_shared<Conv2dImpl>(
-      ::torch::nn::Conv2dOptions(o.in_channels(), o.out_channels(), o.kernel_size())
-          .stride(o.stride())
-          .padding(o.padding())
-          .dilation(o.dilation())
-          .groups(o.groups())
-          .bias(o.bias())
-          .padding_mode(o.padding_mode()),
-      get_policy());
-  copy->exclude(excluded());
-  detail::copy_parameters(*this, *copy, device);
-  copy->train(is_training());
-  return copy;
-}
-
-inline void Conv2dImpl::pretty_print(std::ostream& stream) const {
-  std::ostringstream base;
-  ::torch::nn::Conv2dImpl::pretty_print(base);
-  stream << "dropit::torch::" << detail::base_text(base.str()) << ", ";
-  print_policy(stream);
-  stream << ")";
-}
-
-// ---- Conv1d --------------------------------------------------------------------------------
-
-inline Conv1dImpl::Conv1dImpl(const ::torch::nn::Conv1dOptions& options, const policy& p)
-    : ::torch::nn::Conv1dImpl(options), layer(p) {
-}
-
-inline Conv1dImpl::Conv1dImpl(const ::torch::nn::Conv1dImpl& other, const policy& p)
-    : ::torch::nn::Module(other), ::torch::nn::Conv1dImpl(other), layer(p) {
-}
-
-inline at::Tensor Conv1dImpl::forward(const at::Tensor& input) {
-  const policy p = weight_policy(is_training());
-  if (!p.active()) return ::torch::nn::Conv1dImpl::forward(input);
-  DROPIT_EXPECTS(input.dim() == 2 || input.dim() == 3,
-                 "torch::Conv1d: input must be 2-d or 3-d, got ", input.dim(), "-d");
-  const bool batched = input.dim() == 3;
-  const auto [x, padding] =
-      detail::conv_module_input<1>(batched ? input : input.unsqueeze(0), options);
-  conv2d_params c;  // [N, C, L] as [N, C, 1, L]
-  c.stride = {1, (*options.stride())[0]};
-  c.padding = {0, padding[0]};
-  c.dilation = {1, (*options.dilation())[0]};
-  c.groups = options.groups();
-  at::Tensor y =
-      dropit::torch::conv2d(x.unsqueeze(2), weight.unsqueeze(2), detail::optional_bias(bias), c, p)
-          .squeeze(2);
-  return batched ? y : y.squeeze(0);
-}
-
-inline std::shared_ptr<::torch::nn::Module> Conv1dImpl::clone(
-    const c10::optional<c10::Device>& device) const {
-  const auto& o = options;
-  auto copy = std::make_shared<Conv1dImpl>(
-      ::torch::nn::Conv1dOptions(o.in_channels(), o.out_channels(), o.kernel_size())
-          .stride(o.stride())
-          .padding(o.padding())
-          .dilation(o.dilation())
-          .groups(o.groups())
-          .bias(o.bias())
-          .padding_mode(o.padding_mode()),
-      get_policy());
-  copy->exclude(excluded());
-  detail::copy_parameters(*this, *copy, device);
-  copy->train(is_training());
-  return copy;
-}
-
-inline void Conv1dImpl::pretty_print(std::ostream& stream) const {
-  std::ostringstream base;
-  ::torch::nn::Conv1dImpl::pretty_print(base);
-  stream << "dropit::torch::" << detail::base_text(base.str()) << ", ";
-  print_policy(stream);
-  stream << ")";
-}
-
-// ---- Conv3d --------------------------------------------------------------------------------
-
-inline Conv3dImpl::Conv3dImpl(const ::torch::nn::Conv3dOptions& options, const policy& p)
-    : ::torch::nn::Conv3dImpl(options), layer(p) {
-}
-
-inline Conv3dImpl::Conv3dImpl(const ::torch::nn::Conv3dImpl& other, const policy& p)
-    : ::torch::nn::Module(other), ::torch::nn::Conv3dImpl(other), layer(p) {
-}
-
-inline at::Tensor Conv3dImpl::forward(const at::Tensor& input) {
-  const policy p = weight_policy(is_training());
-  if (!p.active() || !detail::wants_cache(p, input, weight)) {
-    return ::torch::nn::Conv3dImpl::forward(input);
-  }
-  DROPIT_EXPECTS(input.dim() == 4 || input.dim() == 5,
-                 "torch::Conv3d: input must be 4-d or 5-d, got ", input.dim(), "-d");
-  const bool batched = input.dim() == 5;
-  const auto [x, padding] =
-      detail::conv_module_input<3>(batched ? input : input.unsqueeze(0), options);
-  const detail::conv_geometry c{{options.stride()->begin(), options.stride()->end()},
+template <std::size_t D>
+at::Tensor ConvImpl<D>::forward(const at::Tensor& input) {
+  const auto& o = this->options;
+  const at::Tensor& w = this->weight;
+  const policy p = weight_policy(this->is_training());
+  if (!detail::wants_cache(p, input, w)) return standard_type::forward(input);
+  constexpr auto rank = static_cast<std::int64_t>(D);
+  DROPIT_EXPECTS(input.dim() == rank + 1 || input.dim() == rank + 2, "torch::Conv", D,
+                 "d: input must be ", rank + 1, "-d or ", rank + 2, "-d, got ", input.dim(), "-d");
+  const bool batched = input.dim() == rank + 2;
+  const auto [x, padding] = detail::conv_module_input<D>(batched ? input : input.unsqueeze(0), o);
+  const detail::conv_geometry c{{o.stride()->begin(), o.stride()->end()},
                                 padding,
-                                {options.dilation()->begin(), options.dilation()->end()},
-                                options.groups()};
-  at::Tensor y = detail::conv_fn::apply(x, weight, detail::optional_bias(bias), c, p);
+                                {o.dilation()->begin(), o.dilation()->end()},
+                                o.groups()};
+  at::Tensor y = detail::conv_fn::apply(x, w, detail::optional_bias(this->bias), c, p);
   return batched ? y : y.squeeze(0);
 }
 
-inline std::shared_ptr<::torch::nn::Module> Conv3dImpl::clone(
+template <std::size_t D>
+std::shared_ptr<::torch::nn::Module> ConvImpl<D>::clone(
     const c10::optional<c10::Device>& device) const {
-  const auto& o = options;
-  auto copy = std::make_shared<Conv3dImpl>(
-      ::torch::nn::Conv3dOptions(o.in_channels(), o.out_channels(), o.kernel_size())
+  const auto& o = this->options;
+  auto copy = std::make_shared<ConvImpl>(
+      ::torch::nn::ConvOptions<D>(o.in_channels(), o.out_channels(), o.kernel_size())
           .stride(o.stride())
           .padding(o.padding())
           .dilation(o.dilation())
@@ -314,13 +215,14 @@ inline std::shared_ptr<::torch::nn::Module> Conv3dImpl::clone(
       get_policy());
   copy->exclude(excluded());
   detail::copy_parameters(*this, *copy, device);
-  copy->train(is_training());
+  copy->train(this->is_training());
   return copy;
 }
 
-inline void Conv3dImpl::pretty_print(std::ostream& stream) const {
+template <std::size_t D>
+void ConvImpl<D>::pretty_print(std::ostream& stream) const {
   std::ostringstream base;
-  ::torch::nn::Conv3dImpl::pretty_print(base);
+  standard_type::pretty_print(base);
   stream << "dropit::torch::" << detail::base_text(base.str()) << ", ";
   print_policy(stream);
   stream << ")";
