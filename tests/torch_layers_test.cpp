@@ -826,6 +826,112 @@ TEST_CASE(
                        dropit::error);
 }
 
+/**
+ * A dropit transposed convolution in a Sequential after to_dropit: the same output as LibTorch's
+ * module it replaced (whose parameters it shares), the layer gamma taken, printed as
+ * `printed...`, cloned with its options and weight; bad padding mode and rank refused.
+ */
+template <class Impl, class Std, class Options>
+void check_conv_transpose_replacement(const Options& options, const torch::Tensor& x,
+                                      const std::string& printed) {
+  auto seq = nn::Sequential(Std(options), nn::ReLU());
+  const auto before = seq->forward(x);
+  dt::convert_options gammas;
+  gammas.layer_gamma = {{"0", 0.5}};
+  CHECK(dt::to_dropit(*seq, make_policy(dt::policy_kind::mink), gammas).replaced == 2);
+  auto* ours = seq[0]->template as<Impl>();
+  REQUIRE(ours != nullptr);
+  CHECK(ours->get_policy().gamma == 0.5);
+  CHECK(torch::equal(seq->forward(x.clone().requires_grad_(true)), before));
+  CHECK(ours->steps() == 1);
+  std::ostringstream text;
+  text << *seq[0];
+  CHECK(text.str().starts_with(printed));
+  auto copy = std::dynamic_pointer_cast<Impl>(ours->clone());
+  REQUIRE(copy);
+  CHECK(*copy->options.output_padding() == *options.output_padding());
+  CHECK(torch::equal(copy->weight, ours->weight));
+  auto bad = options;
+  Impl reflect(bad.padding_mode(torch::kReflect), make_policy(dt::policy_kind::mink));
+  CHECK_THROWS_WITH_AS((void)reflect.forward(x.clone().requires_grad_(true)),
+                       doctest::Contains("only the zeros padding mode"), dropit::error);
+  CHECK_THROWS_WITH_AS((void)ours->forward(x.unsqueeze(0).requires_grad_(true)),
+                       doctest::Contains("d: input must be"), dropit::error);
+}
+
+TEST_CASE(
+    "torch: ConvTranspose1d/2d/3d through dropit: LibTorch's gradients (stride, output padding, "
+    "dilation, groups, unbatched); MinK's from the top-k input; output_size") {
+  {
+    using opts = nn::ConvTranspose1dOptions;
+    const std::vector<opts> cases = {
+        opts(4, 6, 3).stride(2).padding(1).output_padding(1).dilation(2).groups(2),
+        opts(2, 3, 4).stride(3).bias(false), opts(2, 3, 1).padding(0)};
+    check_conv_module<nn::ConvTranspose1d, dt::ConvTranspose1d>(cases, {13});
+    dt::ConvTranspose1d ours(cases[0]);
+    check_conv_module_mink(ours, tie_free({2, 4, 13}, torch::kDouble, 4),
+                           [](const auto& x, const auto& w, const auto& b) {
+                             return torch::conv_transpose1d(x, w, b, 2, 1, 1, 2, 2);
+                           });
+    check_conv_transpose_replacement<dt::ConvTranspose1dImpl, nn::ConvTranspose1d>(
+        cases[0], torch::randn({2, 4, 13}), "dropit::torch::ConvTranspose1d(4, 6, kernel_size=3");
+  }
+  {
+    using opts = nn::ConvTranspose2dOptions;
+    const std::vector<opts> cases = {
+        opts(4, 6, 3).stride({2, 3}).padding({1, 0}).output_padding({1, 2}).groups(2),
+        opts(2, 3, {2, 3}).dilation({2, 1}).padding(1).bias(false)};
+    check_conv_module<nn::ConvTranspose2d, dt::ConvTranspose2d>(cases, {5, 6});
+    dt::ConvTranspose2d ours(cases[0]);
+    check_conv_module_mink(ours, tie_free({2, 4, 5, 6}, torch::kDouble, 4),
+                           [](const auto& x, const auto& w, const auto& b) {
+                             return torch::conv_transpose2d(x, w, b, {2, 3}, {1, 0}, {1, 2}, 2);
+                           });
+    check_conv_transpose_replacement<dt::ConvTranspose2dImpl, nn::ConvTranspose2d>(
+        cases[1], torch::randn({2, 2, 5, 6}),
+        "dropit::torch::ConvTranspose2d(2, 3, kernel_size=[2, 3]");
+  }
+  {
+    using opts = nn::ConvTranspose3dOptions;
+    const std::vector<opts> cases = {
+        opts(4, 2, 3).stride({1, 2, 2}).padding({1, 0, 1}).output_padding({0, 1, 0}).groups(2),
+        opts(2, 3, 2).dilation(2).bias(false)};
+    check_conv_module<nn::ConvTranspose3d, dt::ConvTranspose3d>(cases, {3, 4, 5});
+    dt::ConvTranspose3d ours(cases[0]);
+    check_conv_module_mink(
+        ours, tie_free({2, 4, 3, 4, 5}, torch::kDouble, 5),
+        [](const auto& x, const auto& w, const auto& b) {
+          return torch::conv_transpose3d(x, w, b, {1, 2, 2}, {1, 0, 1}, {0, 1, 0}, 2);
+        });
+  }
+  // output_size picks the output padding: against LibTorch's module (no dilation: its C++
+  // module leaves dilation out of the sizes) and, with dilation, against the functional op with
+  // the output padding worked out by hand: (5 - 1) * 3 + 2 * (3 - 1) + 1 = 17, so 19 takes 2.
+  const auto x = torch::randn({2, 2, 5});
+  nn::ConvTranspose1d plain(nn::ConvTranspose1dOptions(2, 3, 3).stride(3).padding(1));
+  dt::ConvTranspose1d ours(*plain, make_policy(dt::policy_kind::identity));
+  for (const std::vector<std::int64_t>& size :
+       {std::vector<std::int64_t>{13}, {14}, {15}, {2, 3, 15}}) {
+    CAPTURE(size);
+    auto xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
+    const auto ya = ours(xa, at::IntArrayRef(size)), yb = plain(xb, at::IntArrayRef(size));
+    REQUIRE(ya.size(-1) == size.back());
+    CHECK(torch::equal(ya, yb));
+    ya.sum().backward();
+    yb.sum().backward();
+    CHECK(rel_diff(xa.grad(), xb.grad()) <= 1e-6);
+  }
+  for (const std::int64_t bad : {12, 16}) {
+    CHECK_THROWS_WITH_AS((void)ours(x.clone().requires_grad_(true), at::IntArrayRef{bad}),
+                         doctest::Contains("out of reach: valid sizes are 13 to 15"),
+                         dropit::error);
+  }
+  dt::ConvTranspose1d dilated(nn::ConvTranspose1dOptions(2, 3, 3).stride(3).dilation(2),
+                              make_policy(dt::policy_kind::identity));
+  const auto y = dilated(x.clone().requires_grad_(true), at::IntArrayRef{19});
+  CHECK(torch::equal(y, torch::conv_transpose1d(x, dilated->weight, dilated->bias, 3, 0, 2, 1, 2)));
+}
+
 // ---- errors ----------------------------------------------------------------------------------
 
 TEST_CASE("torch: bad input gives a dropit::error naming the problem") {

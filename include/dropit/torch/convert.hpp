@@ -5,8 +5,8 @@
  *
  * LibTorch's C++ modules cannot have their `forward` patched at run time, so there are two ways in:
  * - build the model from dropit's layer types (`dropit::torch::Linear`, `Conv2d`, `Conv1D`,
- *   `Conv1d`, `Conv3d`, `ReLU`, `LeakyReLU`, `Hardtanh`, `ReLU6`, `MaxPool2d`, `AvgPool2d`,
- * `AdaptiveAvgPool2d`; modules.hpp), which works for any module, or
+ *   `Conv1d`, `Conv3d`, `ConvTranspose1d/2d/3d`, `ReLU`, `LeakyReLU`, `Hardtanh`, `ReLU6`,
+ *   `MaxPool2d`, `AvgPool2d`, `AdaptiveAvgPool2d`; modules.hpp), which works for any module, or
  * - build it from `torch::nn` layers held in `Sequential`/`ModuleList` containers and call
  *   `to_dropit(model, policy)`, which swaps them in place.
  * A standard layer held as a named member of your own module is called through its own type by your
@@ -29,8 +29,8 @@ namespace dropit::torch {
 
 /// @brief Which layers `to_dropit` touches.
 struct convert_options {
-  /// Replace standard `Linear`, `Conv1d/2d/3d` (and, with `masks`, the ReLUs and poolings
-  /// below) children of `Sequential`/`ModuleList` containers.
+  /// Replace standard `Linear`, `Conv1d/2d/3d`, `ConvTranspose1d/2d/3d` (and, with `masks`, the
+  /// ReLUs and poolings below) children of `Sequential`/`ModuleList` containers.
   bool replace = true;
   /// Replace `ReLU`, `LeakyReLU`, `Hardtanh`, `ReLU6` and `MaxPool2d` by their mask-saving
   /// versions too, and `AvgPool2d` and `AdaptiveAvgPool2d` by theirs that save the input's sizes
@@ -50,15 +50,16 @@ struct convert_options {
   /// default.
   store_options store{};
   /// Layers to leave out, by dotted path ("features.3") and module. A Linear or Conv2d there is
-  /// still replaced (a dropit Linear, Conv1d/2d/3d, Conv1D there takes the policy) and marked
+  /// still replaced (a dropit Linear, convolution, Conv1D there takes the policy) and marked
   /// `layer::exclude()`: it keeps its input exact (the gamma = 0 case) but runs dropit's backward
   /// in pieces. A ReLU or pooling there is not replaced (a dropit one keeps its policy), nor is a
   /// store module given `store`. A dropit layer opted out before keeps its
   /// policy.
   std::function<bool(const std::string& path, const ::torch::nn::Module&)> exclude;
-  /// Per-layer gamma: a Linear, Conv1d/2d/3d or Conv1D takes the gamma of the longest key that is
-  /// its path or a dotted prefix of it ("" matches every layer), else the policy's. Keys must name
-  /// modules under the root, gammas be in [0, 1] (checked before anything changes).
+  /// Per-layer gamma: a Linear, convolution (plain or transposed, any rank) or Conv1D takes the
+  /// gamma of the longest key that is its path or a dotted prefix of it ("" matches every layer),
+  /// else the policy's. Keys must name modules under the root, gammas be in [0, 1] (checked
+  /// before anything changes).
   std::map<std::string, double> layer_gamma;
 };
 

@@ -1,8 +1,9 @@
 /**
  * @file modules.hpp
- * @brief Drop-in dropit layers for LibTorch: `Linear`, `Conv2d`, `Conv1d`, `Conv3d`, `Conv1D`
- * (GPT-2), `ReLU`, `LeakyReLU`, `Hardtanh`, `ReLU6`, `MaxPool2d`, `AvgPool2d` and
- * `AdaptiveAvgPool2d`, with the options of their `torch::nn` counterparts, usable in `Sequential`.
+ * @brief Drop-in dropit layers for LibTorch: `Linear`, `Conv1d`, `Conv2d`, `Conv3d`,
+ * `ConvTranspose1d` / `2d` / `3d`, `Conv1D` (GPT-2), `ReLU`, `LeakyReLU`, `Hardtanh`, `ReLU6`,
+ * `MaxPool2d`, `AvgPool2d` and `AdaptiveAvgPool2d`, with the options of their `torch::nn`
+ * counterparts, usable in `Sequential`.
  *
  * @code
  * namespace dt = dropit::torch;
@@ -157,6 +158,64 @@ class ConvImpl : public detail::standard_conv<D>::type, public layer {
 using Conv1dImpl = ConvImpl<1>;  ///< `torch::nn::Conv1d` through dropit
 using Conv2dImpl = ConvImpl<2>;  ///< `torch::nn::Conv2d` through dropit
 using Conv3dImpl = ConvImpl<3>;  ///< `torch::nn::Conv3d` through dropit
+
+namespace detail {
+/// LibTorch's transposed convolution module of `D` spatial dimensions (1, 2 or 3).
+template <std::size_t D>
+struct standard_conv_transpose;
+template <>
+struct standard_conv_transpose<1> {
+  using type = ::torch::nn::ConvTranspose1dImpl;
+};
+template <>
+struct standard_conv_transpose<2> {
+  using type = ::torch::nn::ConvTranspose2dImpl;
+};
+template <>
+struct standard_conv_transpose<3> {
+  using type = ::torch::nn::ConvTranspose3dImpl;
+};
+}  // namespace detail
+
+/**
+ * @brief `torch::nn::ConvTranspose1d` / `2d` / `3d` (`D` = 1, 2, 3) that saves its input through
+ * dropit: stride, padding, output padding (or an `output_size` given to `forward`), dilation,
+ * groups, batched or unbatched input; zeros padding only, as LibTorch. Its weight gradient reads
+ * the input as a convolution's does, so it is computed from the rebuilt input; the input and bias
+ * gradients are exact.
+ */
+template <std::size_t D>
+class ConvTransposeImpl : public detail::standard_conv_transpose<D>::type, public layer {
+  static_assert(D >= 1 && D <= 3, "ConvTransposeImpl: D is 1, 2 or 3");
+
+ public:
+  /// LibTorch's module this one derives from and stands in for.
+  using standard_type = typename detail::standard_conv_transpose<D>::type;
+
+  /// @brief As `torch::nn::ConvTranspose{D}d(options)`.
+  explicit ConvTransposeImpl(const ::torch::nn::ConvTransposeOptions<D>& options,
+                             const policy& p = {});
+  /// @brief Takes over a standard layer: the SAME parameter tensors, options and training mode.
+  explicit ConvTransposeImpl(const standard_type& other, const policy& p = {});
+
+  /**
+   * @brief The transposed convolution of [N, C, ...] or unbatched [C, ...] input.
+   * @param output_size the output's spatial size (D entries, or D + 2 with the batch and
+   *        channels first), which chooses the output padding; nullopt: the options' padding.
+   * @throw dropit::error for a padding mode other than zeros or an output size out of reach.
+   */
+  at::Tensor forward(const at::Tensor& input,
+                     const c10::optional<at::IntArrayRef>& output_size = c10::nullopt);
+  /// @copydoc LinearImpl::clone
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  /// @brief "dropit::torch::ConvTranspose{D}d(.., policy=..)".
+  void pretty_print(std::ostream& stream) const override;
+};
+
+using ConvTranspose1dImpl = ConvTransposeImpl<1>;  ///< `torch::nn::ConvTranspose1d` through dropit
+using ConvTranspose2dImpl = ConvTransposeImpl<2>;  ///< `torch::nn::ConvTranspose2d` through dropit
+using ConvTranspose3dImpl = ConvTransposeImpl<3>;  ///< `torch::nn::ConvTranspose3d` through dropit
 
 /// @brief Options of GPT-2's Conv1D: nf outputs from nx inputs.
 struct Conv1DOptions {
@@ -371,6 +430,16 @@ class Conv : public ::torch::nn::ModuleHolder<ConvImpl<D>> {
 using Conv1d = Conv<1>;  ///< holder of `Conv1dImpl` (LibTorch's 1-d convolution)
 using Conv2d = Conv<2>;  ///< holder of `Conv2dImpl`
 using Conv3d = Conv<3>;  ///< holder of `Conv3dImpl`
+/// @brief Module holder of `ConvTransposeImpl<D>`.
+template <std::size_t D>
+class ConvTranspose : public ::torch::nn::ModuleHolder<ConvTransposeImpl<D>> {
+ public:
+  using ::torch::nn::ModuleHolder<ConvTransposeImpl<D>>::ModuleHolder;
+  using Impl = ConvTransposeImpl<D>;  ///< the module type
+};
+using ConvTranspose1d = ConvTranspose<1>;  ///< holder of `ConvTranspose1dImpl`
+using ConvTranspose2d = ConvTranspose<2>;  ///< holder of `ConvTranspose2dImpl`
+using ConvTranspose3d = ConvTranspose<3>;  ///< holder of `ConvTranspose3dImpl`
 /// @brief Module holder of `Conv1DImpl`.
 class Conv1D : public ::torch::nn::ModuleHolder<Conv1DImpl> {
  public:

@@ -36,10 +36,14 @@ inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, cons
       dynamic_cast<const store_layer*>(m.get()) != nullptr) {
     return false;
   }
-  const bool weights = p.active() && (replace_as<LinearImpl, ::torch::nn::LinearImpl>(m, p, out) ||
-                                      replace_as<Conv2dImpl, ::torch::nn::Conv2dImpl>(m, p, out) ||
-                                      replace_as<Conv1dImpl, ::torch::nn::Conv1dImpl>(m, p, out) ||
-                                      replace_as<Conv3dImpl, ::torch::nn::Conv3dImpl>(m, p, out));
+  const bool weights =
+      p.active() && (replace_as<LinearImpl, ::torch::nn::LinearImpl>(m, p, out) ||
+                     replace_as<Conv2dImpl, ::torch::nn::Conv2dImpl>(m, p, out) ||
+                     replace_as<Conv1dImpl, ::torch::nn::Conv1dImpl>(m, p, out) ||
+                     replace_as<Conv3dImpl, ::torch::nn::Conv3dImpl>(m, p, out) ||
+                     replace_as<ConvTranspose1dImpl, ::torch::nn::ConvTranspose1dImpl>(m, p, out) ||
+                     replace_as<ConvTranspose2dImpl, ::torch::nn::ConvTranspose2dImpl>(m, p, out) ||
+                     replace_as<ConvTranspose3dImpl, ::torch::nn::ConvTranspose3dImpl>(m, p, out));
   if (weights || excluded) return weights;
   const store_options& s = o.store;
   return (p.active() && o.masks &&
@@ -72,6 +76,9 @@ inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, cons
          dynamic_cast<const Conv2dImpl*>(&m) != nullptr ||
          dynamic_cast<const Conv1dImpl*>(&m) != nullptr ||
          dynamic_cast<const Conv3dImpl*>(&m) != nullptr ||
+         dynamic_cast<const ConvTranspose1dImpl*>(&m) != nullptr ||
+         dynamic_cast<const ConvTranspose2dImpl*>(&m) != nullptr ||
+         dynamic_cast<const ConvTranspose3dImpl*>(&m) != nullptr ||
          dynamic_cast<const Conv1DImpl*>(&m) != nullptr;
 }
 

@@ -225,11 +225,28 @@ struct gpt2_conv1d_fn : ::torch::autograd::Function<gpt2_conv1d_fn> {
   return (in + 2 * pad - dilation * (k - 1) - 1) / stride + 1;
 }
 
-/// The window of a d-dimensional convolution (d = 1, 2, 3): one entry per spatial dimension.
+/// The window of a d-dimensional convolution (d = 1, 2, 3): one entry per spatial dimension. A
+/// transposed convolution (the gradient of a convolution with respect to its input) also has an
+/// output padding (empty: zeros).
 struct conv_geometry {
   std::vector<std::int64_t> stride, padding, dilation;
   std::int64_t groups = 1;
+  bool transposed = false;
+  std::vector<std::int64_t> output_padding;
+
+  /// The output padding, zeros when none was given.
+  [[nodiscard]] std::vector<std::int64_t> output_padding_or_zeros() const {
+    return output_padding.empty() ? std::vector<std::int64_t>(stride.size(), 0) : output_padding;
+  }
 };
+
+/// Size of one spatial dimension of a transposed convolution's output.
+[[nodiscard]] inline std::int64_t conv_transpose_output_size(std::int64_t in, std::int64_t k,
+                                                             std::int64_t pad, std::int64_t stride,
+                                                             std::int64_t dilation,
+                                                             std::int64_t output_padding) {
+  return (in - 1) * stride - 2 * pad + dilation * (k - 1) + output_padding + 1;
+}
 
 /// A convolution on a batched input ([N, C, *spatial]), in pieces of samples when its output is
 /// larger than a piece (LibTorch's oneDNN path computes into a scratch buffer and copies it out:
@@ -238,16 +255,21 @@ struct conv_geometry {
                                                const c10::optional<at::Tensor>& b,
                                                const conv_geometry& c) {
   const std::int64_t n = x.size(0);
-  std::int64_t out_per_sample = w.size(0);
+  const std::vector<std::int64_t> output_padding = c.output_padding_or_zeros();
+  // A transposed convolution's weight is [C_in, C_out / groups, *kernel].
+  std::int64_t out_per_sample = c.transposed ? w.size(1) * c.groups : w.size(0);
   for (std::size_t i = 0; i < c.stride.size(); ++i) {
     const auto d = static_cast<std::int64_t>(i) + 2;
     out_per_sample *= std::max<std::int64_t>(
-        conv_output_size(x.size(d), w.size(d), c.padding[i], c.stride[i], c.dilation[i]), 0);
+        c.transposed
+            ? conv_transpose_output_size(x.size(d), w.size(d), c.padding[i], c.stride[i],
+                                         c.dilation[i], output_padding[i])
+            : conv_output_size(x.size(d), w.size(d), c.padding[i], c.stride[i], c.dilation[i]),
+        0);
   }
-  const std::vector<std::int64_t> no_output_padding(c.stride.size(), 0);
   const auto conv = [&](const at::Tensor& part) {
-    return at::convolution(part, w, b, c.stride, c.padding, c.dilation, false, no_output_padding,
-                           c.groups);
+    return at::convolution(part, w, b, c.stride, c.padding, c.dilation, c.transposed,
+                           output_padding, c.groups);
   };
   const std::int64_t step =
       slices_per_piece(n, static_cast<std::size_t>(out_per_sample) * x.element_size());
@@ -266,7 +288,7 @@ struct conv_geometry {
   return y;
 }
 
-/// A convolution of any rank whose input is saved through dropit.
+/// A convolution of any rank, plain or transposed, whose input is saved through dropit.
 struct conv_fn : ::torch::autograd::Function<conv_fn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                             const c10::optional<at::Tensor>& b, const conv_geometry& c,
@@ -278,6 +300,8 @@ struct conv_fn : ::torch::autograd::Function<conv_fn> {
     ctx->saved_data["padding"] = at::IntArrayRef(c.padding);
     ctx->saved_data["dilation"] = at::IntArrayRef(c.dilation);
     ctx->saved_data["groups"] = c.groups;
+    ctx->saved_data["transposed"] = c.transposed;
+    ctx->saved_data["output_padding"] = at::IntArrayRef(c.output_padding_or_zeros());
     return y;
   }
 
@@ -297,10 +321,12 @@ struct conv_fn : ::torch::autograd::Function<conv_fn> {
     const std::vector<std::int64_t> padding = ctx->saved_data["padding"].toIntVector();
     const std::vector<std::int64_t> dilation = ctx->saved_data["dilation"].toIntVector();
     const std::int64_t groups = ctx->saved_data["groups"].toInt();
+    const bool transposed = ctx->saved_data["transposed"].toBool();
+    const std::vector<std::int64_t> output_padding =
+        ctx->saved_data["output_padding"].toIntVector();
     const std::int64_t n = x_sizes[0];
     const std::int64_t per_sample =
         std::accumulate(x_sizes.begin() + 1, x_sizes.end(), std::int64_t{1}, std::multiplies<>());
-    const std::vector<std::int64_t> no_output_padding(stride.size(), 0);
     at::Tensor gx, gw, gb;
     if (has_bias && ctx->needs_input_grad(2)) {
       std::vector<std::int64_t> dims{0};  // every dimension but the channels
@@ -313,8 +339,8 @@ struct conv_fn : ::torch::autograd::Function<conv_fn> {
         xv.defined()) {
       // create_graph: one piece, through LibTorch's differentiable convolution_backward.
       std::tie(gx, gw, std::ignore) =
-          at::convolution_backward(g, xv, w, c10::nullopt, stride, padding, dilation, false,
-                                   no_output_padding, groups, {need_x, need_w, false});
+          at::convolution_backward(g, xv, w, c10::nullopt, stride, padding, dilation, transposed,
+                                   output_padding, groups, {need_x, need_w, false});
       return {gx, gw, gb, at::Tensor(), at::Tensor()};
     }
     // A piece holds its rebuilt input, its output gradient copy and its input gradient.
@@ -331,8 +357,8 @@ struct conv_fn : ::torch::autograd::Function<conv_fn> {
                                                static_cast<std::size_t>(s0 * per_sample))
                                   : at::zeros(sizes, g.options());
       auto [px, pw, pb] = at::convolution_backward(
-          len == n ? g : g.narrow(0, s0, len), x, w, c10::nullopt, stride, padding, dilation, false,
-          no_output_padding, groups, {need_x, need_w, false});
+          len == n ? g : g.narrow(0, s0, len), x, w, c10::nullopt, stride, padding, dilation,
+          transposed, output_padding, groups, {need_x, need_w, false});
       if (need_w) {
         if (gw.defined()) {
           gw.add_(pw);
@@ -775,7 +801,9 @@ inline at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight,
   const detail::conv_geometry c{{params.stride.begin(), params.stride.end()},
                                 {params.padding.begin(), params.padding.end()},
                                 {params.dilation.begin(), params.dilation.end()},
-                                params.groups};
+                                params.groups,
+                                false,
+                                {}};
   if (x.dim() == 3) {  // unbatched [C, H, W], as LibTorch accepts
     return detail::conv_fn::apply(x.unsqueeze(0), weight, bias, c, p).squeeze(0);
   }

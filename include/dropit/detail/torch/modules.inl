@@ -195,7 +195,9 @@ at::Tensor ConvImpl<D>::forward(const at::Tensor& input) {
   const detail::conv_geometry c{{o.stride()->begin(), o.stride()->end()},
                                 padding,
                                 {o.dilation()->begin(), o.dilation()->end()},
-                                o.groups()};
+                                o.groups(),
+                                false,
+                                {}};
   at::Tensor y = detail::conv_fn::apply(x, w, detail::optional_bias(this->bias), c, p);
   return batched ? y : y.squeeze(0);
 }
@@ -221,6 +223,105 @@ std::shared_ptr<::torch::nn::Module> ConvImpl<D>::clone(
 
 template <std::size_t D>
 void ConvImpl<D>::pretty_print(std::ostream& stream) const {
+  std::ostringstream base;
+  standard_type::pretty_print(base);
+  stream << "dropit::torch::" << detail::base_text(base.str()) << ", ";
+  print_policy(stream);
+  stream << ")";
+}
+
+// ---- ConvTranspose1d / 2d / 3d ----------------------------------------------------------
+
+namespace detail {
+/// The output padding that makes a transposed convolution of the batched input x produce
+/// `output_size` (D spatial sizes, or D + 2 with batch and channels), as PyTorch's
+/// `_ConvTransposeNd._output_padding` (dilation included); the options' own without one.
+template <std::size_t D>
+[[nodiscard]] std::vector<std::int64_t> transposed_output_padding(
+    const at::Tensor& x, const c10::optional<at::IntArrayRef>& output_size,
+    const ::torch::nn::detail::ConvNdOptions<D>& o, const std::vector<std::int64_t>& padding) {
+  if (!output_size.has_value()) {
+    return {o.output_padding()->begin(), o.output_padding()->end()};
+  }
+  at::IntArrayRef size = *output_size;
+  DROPIT_EXPECTS(size.size() == D || size.size() == D + 2, "torch::ConvTranspose", D,
+                 "d: output_size must have ", D, " or ", D + 2, " entries, got ", size.size());
+  if (size.size() == D + 2) size = size.slice(2);
+  std::vector<std::int64_t> out(D);
+  for (std::size_t i = 0; i < D; ++i) {
+    const std::int64_t low =
+        conv_transpose_output_size(x.size(static_cast<std::int64_t>(i) + 2), (*o.kernel_size())[i],
+                                   padding[i], (*o.stride())[i], (*o.dilation())[i], 0);
+    const std::int64_t high = low + (*o.stride())[i] - 1;
+    DROPIT_EXPECTS(size[i] >= low && size[i] <= high, "torch::ConvTranspose", D, "d: output size ",
+                   size[i], " of spatial dimension ", i, " is out of reach: valid sizes are ", low,
+                   " to ", high);
+    out[i] = size[i] - low;
+  }
+  return out;
+}
+}  // namespace detail
+
+template <std::size_t D>
+ConvTransposeImpl<D>::ConvTransposeImpl(const ::torch::nn::ConvTransposeOptions<D>& options,
+                                        const policy& p)
+    : standard_type(options), layer(p) {
+}
+
+template <std::size_t D>
+ConvTransposeImpl<D>::ConvTransposeImpl(const standard_type& other, const policy& p)
+    // Module is a virtual base: copy it here too, or the parameters would not come along.
+    : ::torch::nn::Module(other), standard_type(other), layer(p) {
+}
+
+template <std::size_t D>
+at::Tensor ConvTransposeImpl<D>::forward(const at::Tensor& input,
+                                         const c10::optional<at::IntArrayRef>& output_size) {
+  const auto& o = this->options;
+  const at::Tensor& w = this->weight;
+  const policy p = weight_policy(this->is_training());
+  if (!detail::wants_cache(p, input, w)) return standard_type::forward(input, output_size);
+  DROPIT_EXPECTS(c10::get_if<::torch::enumtype::kZeros>(&o.padding_mode()) != nullptr,
+                 "torch::ConvTranspose", D, "d: only the zeros padding mode is supported");
+  constexpr auto rank = static_cast<std::int64_t>(D);
+  DROPIT_EXPECTS(input.dim() == rank + 1 || input.dim() == rank + 2, "torch::ConvTranspose", D,
+                 "d: input must be ", rank + 1, "-d or ", rank + 2, "-d, got ", input.dim(), "-d");
+  const bool batched = input.dim() == rank + 2;
+  const at::Tensor x = batched ? input : input.unsqueeze(0);
+  const auto& pad = c10::get<::torch::ExpandingArray<D>>(o.padding());
+  detail::conv_geometry c{{o.stride()->begin(), o.stride()->end()},
+                          {pad->begin(), pad->end()},
+                          {o.dilation()->begin(), o.dilation()->end()},
+                          o.groups(),
+                          true,
+                          {}};
+  c.output_padding = detail::transposed_output_padding<D>(x, output_size, o, c.padding);
+  at::Tensor y = detail::conv_fn::apply(x, w, detail::optional_bias(this->bias), c, p);
+  return batched ? y : y.squeeze(0);
+}
+
+template <std::size_t D>
+std::shared_ptr<::torch::nn::Module> ConvTransposeImpl<D>::clone(
+    const c10::optional<c10::Device>& device) const {
+  const auto& o = this->options;
+  auto copy = std::make_shared<ConvTransposeImpl>(
+      ::torch::nn::ConvTransposeOptions<D>(o.in_channels(), o.out_channels(), o.kernel_size())
+          .stride(o.stride())
+          .padding(c10::get<::torch::ExpandingArray<D>>(o.padding()))
+          .output_padding(o.output_padding())
+          .groups(o.groups())
+          .bias(o.bias())
+          .dilation(o.dilation())
+          .padding_mode(o.padding_mode()),
+      get_policy());
+  copy->exclude(excluded());
+  detail::copy_parameters(*this, *copy, device);
+  copy->train(this->is_training());
+  return copy;
+}
+
+template <std::size_t D>
+void ConvTransposeImpl<D>::pretty_print(std::ostream& stream) const {
   std::ostringstream base;
   standard_type::pretty_print(base);
   stream << "dropit::torch::" << detail::base_text(base.str()) << ", ";
