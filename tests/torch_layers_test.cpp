@@ -932,6 +932,126 @@ TEST_CASE(
   CHECK(torch::equal(y, torch::conv_transpose1d(x, dilated->weight, dilated->bias, 3, 0, 2, 1, 2)));
 }
 
+/**
+ * A dropit convolution function `ours(x, w, b, policy)` against LibTorch's `plain(x, w, b)` in
+ * double: identity gives LibTorch's output and gradients, batched and unbatched (x[0]); without
+ * grad mode the same output; MinK 0.9 the input and bias gradients of LibTorch and the weight
+ * gradient of LibTorch's op on the top-k input.
+ */
+template <class Ours, class Plain>
+void check_conv_function(const Ours& ours, const Plain& plain, const torch::Tensor& x,
+                         const torch::Tensor& w, const torch::Tensor& b) {
+  for (const bool batched : {true, false}) {
+    CAPTURE(batched);
+    const auto xin = batched ? x : x[0];
+    auto xa = xin.clone().requires_grad_(true), xb = xin.clone().requires_grad_(true);
+    auto wa = w.clone().requires_grad_(true), wb = w.clone().requires_grad_(true);
+    auto ba = b.clone().requires_grad_(true), bb = b.clone().requires_grad_(true);
+    const auto ya = ours(xa, wa, ba, make_policy(dt::policy_kind::identity));
+    const auto yb = plain(xb, wb, bb);
+    REQUIRE(ya.sizes() == yb.sizes());
+    CHECK(rel_diff(ya, yb) <= 1e-12);
+    torch::manual_seed(3);
+    const auto r = torch::randn(yb.sizes(), yb.options());
+    (ya * r).sum().backward();
+    (yb * r).sum().backward();
+    CHECK(rel_diff(xa.grad(), xb.grad()) <= 1e-12);
+    CHECK(rel_diff(wa.grad(), wb.grad()) <= 1e-12);
+    CHECK(rel_diff(ba.grad(), bb.grad()) <= 1e-12);
+    {
+      torch::NoGradGuard no_grad;
+      CHECK(rel_diff(ours(xin, w, b, make_policy(dt::policy_kind::mink)), yb) <= 1e-12);
+    }
+  }
+  auto xa = x.clone().requires_grad_(true), wa = w.clone().requires_grad_(true);
+  auto ba = b.clone().requires_grad_(true);
+  const auto y = ours(xa, wa, ba, make_policy(dt::policy_kind::mink, 0.9));
+  const auto r = torch::randn(y.sizes(), y.options());
+  (y * r).sum().backward();
+  auto xb = x.clone().requires_grad_(true), ws = w.clone().requires_grad_(true);
+  auto bb = b.clone().requires_grad_(true);
+  (plain(xb, w, bb) * r).sum().backward();
+  (plain(topk_sparsified(x, 0.9), ws, b) * r).sum().backward();
+  CHECK(rel_diff(xa.grad(), xb.grad()) <= 1e-12);
+  CHECK(rel_diff(ba.grad(), bb.grad()) <= 1e-12);
+  CHECK(rel_diff(wa.grad(), ws.grad()) <= 1e-12);
+}
+
+TEST_CASE(
+    "torch: conv1d, conv3d and conv_transpose<1/2/3> functions: LibTorch's ops (batched, "
+    "unbatched, no grad); MinK's weight gradient from the top-k input") {
+  torch::manual_seed(41);
+  const auto opts = torch::kDouble;
+  {
+    dt::conv1d_params c;
+    c.stride = {2};
+    c.padding = {1};
+    c.dilation = {2};
+    c.groups = 2;
+    check_conv_function([&](const auto& x, const auto& w, const auto& b,
+                            const dt::policy& p) { return dt::conv1d(x, w, b, c, p); },
+                        [](const auto& x, const auto& w, const auto& b) {
+                          return torch::conv1d(x, w, b, 2, 1, 2, 2);
+                        },
+                        tie_free({2, 4, 13}, opts, 4), torch::randn({6, 2, 3}, opts),
+                        torch::randn({6}, opts));
+  }
+  {
+    dt::conv3d_params c;
+    c.stride = {1, 2, 1};
+    c.padding = {0, 1, 2};
+    check_conv_function([&](const auto& x, const auto& w, const auto& b,
+                            const dt::policy& p) { return dt::conv3d(x, w, b, c, p); },
+                        [](const auto& x, const auto& w, const auto& b) {
+                          return torch::conv3d(x, w, b, {1, 2, 1}, {0, 1, 2});
+                        },
+                        tie_free({2, 3, 4, 5, 6}, opts, 5), torch::randn({2, 3, 2, 3, 3}, opts),
+                        torch::randn({2}, opts));
+  }
+  {
+    dt::conv_transpose_params<1> c;
+    c.stride = {3};
+    c.padding = {1};
+    c.output_padding = {2};
+    c.dilation = {2};
+    check_conv_function([&](const auto& x, const auto& w, const auto& b,
+                            const dt::policy& p) { return dt::conv_transpose<1>(x, w, b, c, p); },
+                        [](const auto& x, const auto& w, const auto& b) {
+                          return torch::conv_transpose1d(x, w, b, 3, 1, 2, 1, 2);
+                        },
+                        tie_free({2, 4, 9}, opts, 4), torch::randn({4, 3, 3}, opts),
+                        torch::randn({3}, opts));
+  }
+  {
+    dt::conv_transpose_params<2> c;
+    c.stride = {2, 1};
+    c.output_padding = {1, 0};
+    c.groups = 2;
+    check_conv_function([&](const auto& x, const auto& w, const auto& b,
+                            const dt::policy& p) { return dt::conv_transpose<2>(x, w, b, c, p); },
+                        [](const auto& x, const auto& w, const auto& b) {
+                          return torch::conv_transpose2d(x, w, b, {2, 1}, 0, {1, 0}, 2);
+                        },
+                        tie_free({2, 4, 5, 6}, opts, 4), torch::randn({4, 3, 3, 2}, opts),
+                        torch::randn({6}, opts));
+  }
+  {
+    dt::conv_transpose_params<3> c;
+    c.padding = {1, 0, 0};
+    check_conv_function([&](const auto& x, const auto& w, const auto& b,
+                            const dt::policy& p) { return dt::conv_transpose<3>(x, w, b, c, p); },
+                        [](const auto& x, const auto& w, const auto& b) {
+                          return torch::conv_transpose3d(x, w, b, 1, {1, 0, 0});
+                        },
+                        tie_free({2, 2, 3, 4, 3}, opts, 5), torch::randn({2, 3, 3, 2, 2}, opts),
+                        torch::randn({3}, opts));
+  }
+  CHECK_THROWS_WITH_AS(
+      (void)dt::conv3d(torch::randn({3, 4, 5}).requires_grad_(true), torch::randn({2, 3, 2, 2, 2}),
+                       torch::randn({2}), {}, make_policy(dt::policy_kind::mink)),
+      doctest::Contains("torch::conv3d: input must be 4-d or 5-d, got 3-d"), dropit::error);
+}
+
 // ---- errors ----------------------------------------------------------------------------------
 
 TEST_CASE("torch: bad input gives a dropit::error naming the problem") {

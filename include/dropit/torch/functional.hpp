@@ -1,7 +1,8 @@
 /**
  * @file functional.hpp
- * @brief The autograd functions of the LibTorch adapter, as plain functions: Linear, Conv2d and
- * GPT-2's Conv1D save their input through a `SparseCache`; ReLU, LeakyReLU, Hardtanh and MaxPool2d
+ * @brief The autograd functions of the LibTorch adapter, as plain functions: Linear, the
+ * convolutions (1-d, 2-d, 3-d, plain or transposed) and GPT-2's Conv1D save their input through a
+ * `SparseCache`; ReLU, LeakyReLU, Hardtanh and MaxPool2d
  * save a bit mask; the average poolings save their input's sizes only.
  *
  * Each function runs LibTorch's plain op when the policy is `none`, when grad mode is off, or when
@@ -17,8 +18,8 @@
  *
  * Element types: float, double, and, where LibTorch's CPU op supports them, bfloat16 and half
  * (the caches need the CUDA toolkit's half headers for those). Devices: CPU (the host executor);
- * any other device throws `dropit::error` until a CUDA executor exists. Double backward through
- * these functions is not supported.
+ * any other device throws `dropit::error` until a CUDA executor exists. Double backward: see
+ * `linear` (and, for the masks, each function).
  */
 #pragma once
 
@@ -28,6 +29,7 @@
 #include <c10/util/Optional.h>
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
 namespace dropit::torch {
@@ -38,7 +40,7 @@ namespace dropit::torch {
  * The weight gradient comes from the rebuilt input. Under `create_graph` it is differentiable
  * in x too, as PyTorch's saved-tensor hooks make a restored tensor: the rebuilt input (whole, not
  * in pieces) takes x's place in the graph, its kept values standing for x; at gamma = 0 double
- * backward equals LibTorch's. The same holds for `conv2d` and `gpt2_conv1d`.
+ * backward equals LibTorch's. The same holds for the convolutions and `gpt2_conv1d`.
  * @param x input [..., in]
  * @param weight [out, in]
  * @param bias [out] or nullopt
@@ -48,26 +50,81 @@ namespace dropit::torch {
 [[nodiscard]] at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
                                 const c10::optional<at::Tensor>& bias, const policy& p);
 
-/// @brief Stride, padding, dilation and groups of a 2-d convolution (padding is symmetric).
-struct conv2d_params {
-  std::array<std::int64_t, 2> stride{1, 1};    ///< (height, width)
-  std::array<std::int64_t, 2> padding{0, 0};   ///< zeros added on both sides
-  std::array<std::int64_t, 2> dilation{1, 1};  ///< kernel dilation
-  std::int64_t groups = 1;                     ///< channel groups
+namespace detail {
+/// An array of D copies of v (the default stride and dilation).
+template <std::size_t D>
+[[nodiscard]] constexpr std::array<std::int64_t, D> filled(std::int64_t v) noexcept {
+  std::array<std::int64_t, D> a{};
+  a.fill(v);
+  return a;
+}
+}  // namespace detail
+
+/// @brief Stride, padding, dilation and groups of a D-d convolution (padding is symmetric).
+template <std::size_t D>
+struct conv_params {
+  std::array<std::int64_t, D> stride = detail::filled<D>(1);    ///< one per spatial dimension
+  std::array<std::int64_t, D> padding = detail::filled<D>(0);   ///< zeros added on both sides
+  std::array<std::int64_t, D> dilation = detail::filled<D>(1);  ///< kernel dilation
+  std::int64_t groups = 1;                                      ///< channel groups
 };
+using conv1d_params = conv_params<1>;  ///< (length)
+using conv2d_params = conv_params<2>;  ///< (height, width)
+using conv3d_params = conv_params<3>;  ///< (depth, height, width)
 
 /**
- * @brief 2-d convolution (torch::nn::functional::conv2d), saving x through dropit.
- * @param x input [N, C, H, W] (or [C, H, W])
- * @param weight [O, C / groups, kH, kW]
+ * @brief D-d convolution (`torch::nn::functional::conv{D}d`), saving x through dropit; the
+ * weight gradient comes from the rebuilt input, in pieces of samples (see `linear`).
+ * @param x input [N, C, *spatial] (or unbatched [C, *spatial]), D spatial dimensions
+ * @param weight [O, C / groups, *kernel]
  * @param bias [O] or nullopt
  * @param params stride, padding, dilation, groups
  * @param p the policy
- * @throw dropit::error as `linear`.
+ * @throw dropit::error as `linear`, or for an input of another rank.
  */
+template <std::size_t D>
+[[nodiscard]] at::Tensor conv(const at::Tensor& x, const at::Tensor& weight,
+                              const c10::optional<at::Tensor>& bias, const conv_params<D>& params,
+                              const policy& p);
+
+/// @brief `conv<1>`: [N, C, L] or [C, L] input.
+[[nodiscard]] at::Tensor conv1d(const at::Tensor& x, const at::Tensor& weight,
+                                const c10::optional<at::Tensor>& bias, const conv1d_params& params,
+                                const policy& p);
+/// @brief `conv<2>`: [N, C, H, W] or [C, H, W] input.
 [[nodiscard]] at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight,
                                 const c10::optional<at::Tensor>& bias, const conv2d_params& params,
                                 const policy& p);
+/// @brief `conv<3>`: [N, C, D, H, W] or [C, D, H, W] input.
+[[nodiscard]] at::Tensor conv3d(const at::Tensor& x, const at::Tensor& weight,
+                                const c10::optional<at::Tensor>& bias, const conv3d_params& params,
+                                const policy& p);
+
+/// @brief Stride, padding, output padding, dilation and groups of a D-d transposed convolution.
+template <std::size_t D>
+struct conv_transpose_params {
+  std::array<std::int64_t, D> stride = detail::filled<D>(1);          ///< one per dimension
+  std::array<std::int64_t, D> padding = detail::filled<D>(0);         ///< taken off both sides
+  std::array<std::int64_t, D> output_padding = detail::filled<D>(0);  ///< added on one side
+  std::array<std::int64_t, D> dilation = detail::filled<D>(1);        ///< kernel dilation
+  std::int64_t groups = 1;                                            ///< channel groups
+};
+
+/**
+ * @brief D-d transposed convolution (`torch::nn::functional::conv_transpose{D}d`), saving x
+ * through dropit: its weight gradient reads x as a convolution's does, so it comes from the
+ * rebuilt input; input and bias gradients are exact.
+ * @param x input [N, C, *spatial] (or unbatched [C, *spatial]), D spatial dimensions
+ * @param weight [C, O / groups, *kernel]
+ * @param bias [O] or nullopt
+ * @param params stride, padding, output padding, dilation, groups
+ * @param p the policy
+ * @throw dropit::error as `conv`.
+ */
+template <std::size_t D>
+[[nodiscard]] at::Tensor conv_transpose(const at::Tensor& x, const at::Tensor& weight,
+                                        const c10::optional<at::Tensor>& bias,
+                                        const conv_transpose_params<D>& params, const policy& p);
 
 /**
  * @brief GPT-2's Conv1D: `y = x W + b` with W stored [nx, nf] (`torch.addmm(b, x, W)`), saving x

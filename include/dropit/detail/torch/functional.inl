@@ -789,25 +789,73 @@ inline at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   return detail::linear_fn::apply(x, weight, bias, p);
 }
 
-inline at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight,
-                         const c10::optional<at::Tensor>& bias, const conv2d_params& params,
-                         const policy& p) {
-  if (!detail::wants_cache(p, x, weight)) {
-    return at::conv2d(x, weight, bias, params.stride, params.padding, params.dilation,
-                      params.groups);
+namespace detail {
+/// LibTorch's op, or dropit's convolution function, on x batched or unbatched (D + 1 dimensions:
+/// run on a batch of one). `what` names the caller in errors.
+template <std::size_t D>
+[[nodiscard]] at::Tensor run_conv(const at::Tensor& x, const at::Tensor& weight,
+                                  const c10::optional<at::Tensor>& bias, const conv_geometry& c,
+                                  const policy& p, const char* what) {
+  constexpr auto rank = static_cast<std::int64_t>(D);
+  const bool cache = wants_cache(p, x, weight);
+  DROPIT_EXPECTS(!cache || x.dim() == rank + 1 || x.dim() == rank + 2, "torch::", what, D,
+                 "d: input must be ", rank + 1, "-d or ", rank + 2, "-d, got ", x.dim(), "-d");
+  if (!cache) {
+    const std::vector<std::int64_t> output_padding = c.output_padding_or_zeros();
+    // at::convolution wants a batch; LibTorch's own ops take [C, *spatial] as a batch of one too.
+    const bool unbatched = x.dim() == rank + 1;
+    const at::Tensor y =
+        at::convolution(unbatched ? x.unsqueeze(0) : x, weight, bias, c.stride, c.padding,
+                        c.dilation, c.transposed, output_padding, c.groups);
+    return unbatched ? y.squeeze(0) : y;
   }
-  DROPIT_EXPECTS(x.dim() == 3 || x.dim() == 4, "torch::conv2d: input must be 3-d or 4-d, got ",
-                 x.dim(), "-d");
+  if (x.dim() == rank + 1) return conv_fn::apply(x.unsqueeze(0), weight, bias, c, p).squeeze(0);
+  return conv_fn::apply(x, weight, bias, c, p);
+}
+}  // namespace detail
+
+template <std::size_t D>
+at::Tensor conv(const at::Tensor& x, const at::Tensor& weight,
+                const c10::optional<at::Tensor>& bias, const conv_params<D>& params,
+                const policy& p) {
   const detail::conv_geometry c{{params.stride.begin(), params.stride.end()},
                                 {params.padding.begin(), params.padding.end()},
                                 {params.dilation.begin(), params.dilation.end()},
                                 params.groups,
                                 false,
                                 {}};
-  if (x.dim() == 3) {  // unbatched [C, H, W], as LibTorch accepts
-    return detail::conv_fn::apply(x.unsqueeze(0), weight, bias, c, p).squeeze(0);
-  }
-  return detail::conv_fn::apply(x, weight, bias, c, p);
+  return detail::run_conv<D>(x, weight, bias, c, p, "conv");
+}
+
+inline at::Tensor conv1d(const at::Tensor& x, const at::Tensor& weight,
+                         const c10::optional<at::Tensor>& bias, const conv1d_params& params,
+                         const policy& p) {
+  return conv<1>(x, weight, bias, params, p);
+}
+
+inline at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight,
+                         const c10::optional<at::Tensor>& bias, const conv2d_params& params,
+                         const policy& p) {
+  return conv<2>(x, weight, bias, params, p);
+}
+
+inline at::Tensor conv3d(const at::Tensor& x, const at::Tensor& weight,
+                         const c10::optional<at::Tensor>& bias, const conv3d_params& params,
+                         const policy& p) {
+  return conv<3>(x, weight, bias, params, p);
+}
+
+template <std::size_t D>
+at::Tensor conv_transpose(const at::Tensor& x, const at::Tensor& weight,
+                          const c10::optional<at::Tensor>& bias,
+                          const conv_transpose_params<D>& params, const policy& p) {
+  const detail::conv_geometry c{{params.stride.begin(), params.stride.end()},
+                                {params.padding.begin(), params.padding.end()},
+                                {params.dilation.begin(), params.dilation.end()},
+                                params.groups,
+                                true,
+                                {params.output_padding.begin(), params.output_padding.end()}};
+  return detail::run_conv<D>(x, weight, bias, c, p, "conv_transpose");
 }
 
 inline at::Tensor gpt2_conv1d(const at::Tensor& x, const at::Tensor& weight,
