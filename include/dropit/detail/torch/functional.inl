@@ -452,18 +452,16 @@ template <class Kernel>
 [[nodiscard]] at::Tensor mask_op_grad(AutogradContext* ctx, const at::Tensor& incoming,
                                       const Kernel& kernel) {
   const std::vector<std::int64_t> strides = ctx->saved_data["strides"].toIntVector();
-  if (incoming.strides() == at::IntArrayRef(strides) && engine_owns(incoming)) {
+  const bool laid_out = incoming.strides() == at::IntArrayRef(strides);
+  if (laid_out && engine_owns(incoming)) {  // nobody else sees it: overwrite it
     at::Tensor g = incoming;
     kernel(g, g);
     return g;
   }
-  at::Tensor g = incoming;
-  if (g.strides() != at::IntArrayRef(strides)) {
-    at::Tensor laid =
-        at::empty_strided(ctx->saved_data["sizes"].toIntVector(), strides, g.options());
-    laid.copy_(g);
-    g = laid;
-  }
+  const at::Tensor g = laid_out ? incoming
+                                : at::empty_strided(ctx->saved_data["sizes"].toIntVector(), strides,
+                                                    incoming.options())
+                                      .copy_(incoming);
   at::Tensor gx = at::empty_like(g);
   kernel(g, gx);
   return gx;
