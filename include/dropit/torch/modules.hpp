@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <memory>
 #include <ostream>
+#include <tuple>
 
 namespace dropit::torch {
 
@@ -111,19 +112,13 @@ class LinearImpl : public ::torch::nn::LinearImpl, public layer {
 namespace detail {
 /// LibTorch's convolution module of `D` spatial dimensions (1, 2 or 3).
 template <std::size_t D>
-struct standard_conv;
-template <>
-struct standard_conv<1> {
-  using type = ::torch::nn::Conv1dImpl;
-};
-template <>
-struct standard_conv<2> {
-  using type = ::torch::nn::Conv2dImpl;
-};
-template <>
-struct standard_conv<3> {
-  using type = ::torch::nn::Conv3dImpl;
-};
+using standard_conv_t = std::tuple_element_t<
+    D - 1, std::tuple<::torch::nn::Conv1dImpl, ::torch::nn::Conv2dImpl, ::torch::nn::Conv3dImpl>>;
+/// LibTorch's transposed convolution module of `D` spatial dimensions (1, 2 or 3).
+template <std::size_t D>
+using standard_conv_transpose_t = std::tuple_element_t<
+    D - 1, std::tuple<::torch::nn::ConvTranspose1dImpl, ::torch::nn::ConvTranspose2dImpl,
+                      ::torch::nn::ConvTranspose3dImpl>>;
 }  // namespace detail
 
 /**
@@ -134,12 +129,12 @@ struct standard_conv<3> {
  * `Conv1D` below.
  */
 template <std::size_t D>
-class ConvImpl : public detail::standard_conv<D>::type, public layer {
+class ConvImpl : public detail::standard_conv_t<D>, public layer {
   static_assert(D >= 1 && D <= 3, "ConvImpl: D is 1, 2 or 3");
 
  public:
   /// LibTorch's module this one derives from and stands in for.
-  using standard_type = typename detail::standard_conv<D>::type;
+  using standard_type = detail::standard_conv_t<D>;
 
   /// @brief As `torch::nn::Conv{D}d(options)`.
   explicit ConvImpl(const ::torch::nn::ConvOptions<D>& options, const policy& p = {});
@@ -159,24 +154,6 @@ using Conv1dImpl = ConvImpl<1>;  ///< `torch::nn::Conv1d` through dropit
 using Conv2dImpl = ConvImpl<2>;  ///< `torch::nn::Conv2d` through dropit
 using Conv3dImpl = ConvImpl<3>;  ///< `torch::nn::Conv3d` through dropit
 
-namespace detail {
-/// LibTorch's transposed convolution module of `D` spatial dimensions (1, 2 or 3).
-template <std::size_t D>
-struct standard_conv_transpose;
-template <>
-struct standard_conv_transpose<1> {
-  using type = ::torch::nn::ConvTranspose1dImpl;
-};
-template <>
-struct standard_conv_transpose<2> {
-  using type = ::torch::nn::ConvTranspose2dImpl;
-};
-template <>
-struct standard_conv_transpose<3> {
-  using type = ::torch::nn::ConvTranspose3dImpl;
-};
-}  // namespace detail
-
 /**
  * @brief `torch::nn::ConvTranspose1d` / `2d` / `3d` (`D` = 1, 2, 3) that saves its input through
  * dropit: stride, padding, output padding (or an `output_size` given to `forward`), dilation,
@@ -185,12 +162,12 @@ struct standard_conv_transpose<3> {
  * gradients are exact.
  */
 template <std::size_t D>
-class ConvTransposeImpl : public detail::standard_conv_transpose<D>::type, public layer {
+class ConvTransposeImpl : public detail::standard_conv_transpose_t<D>, public layer {
   static_assert(D >= 1 && D <= 3, "ConvTransposeImpl: D is 1, 2 or 3");
 
  public:
   /// LibTorch's module this one derives from and stands in for.
-  using standard_type = typename detail::standard_conv_transpose<D>::type;
+  using standard_type = detail::standard_conv_transpose_t<D>;
 
   /// @brief As `torch::nn::ConvTranspose{D}d(options)`.
   explicit ConvTransposeImpl(const ::torch::nn::ConvTransposeOptions<D>& options,

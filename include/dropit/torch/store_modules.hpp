@@ -24,6 +24,7 @@
 
 #include <memory>
 #include <ostream>
+#include <tuple>
 #include <type_traits>
 
 namespace dropit::torch {
@@ -63,19 +64,10 @@ class LayerNormImpl : public ::torch::nn::LayerNormImpl, public store_layer {
 namespace detail {
 /// LibTorch's BatchNorm module of `D` spatial dimensions (1, 2 or 3).
 template <int D>
-struct standard_batch_norm;
-template <>
-struct standard_batch_norm<1> {
-  using type = ::torch::nn::BatchNorm1dImpl;
-};
-template <>
-struct standard_batch_norm<2> {
-  using type = ::torch::nn::BatchNorm2dImpl;
-};
-template <>
-struct standard_batch_norm<3> {
-  using type = ::torch::nn::BatchNorm3dImpl;
-};
+using standard_batch_norm_t =
+    std::tuple_element_t<D - 1,
+                         std::tuple<::torch::nn::BatchNorm1dImpl, ::torch::nn::BatchNorm2dImpl,
+                                    ::torch::nn::BatchNorm3dImpl>>;
 }  // namespace detail
 
 /**
@@ -92,7 +84,7 @@ class BatchNormImpl : public ::torch::nn::Cloneable<BatchNormImpl<D>>, public st
 
  public:
   /// LibTorch's module this one stands in for.
-  using standard_type = typename detail::standard_batch_norm<D>::type;
+  using standard_type = detail::standard_batch_norm_t<D>;
 
   explicit BatchNormImpl(const ::torch::nn::BatchNormOptions& options, const store_options& s = {});
   /// @brief Shares `other`'s options, parameters and buffers.
