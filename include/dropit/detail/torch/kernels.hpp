@@ -164,49 +164,90 @@ inline constexpr auto no_wide_words = [](std::int64_t w0, std::int64_t) { return
 
 /// y = LeakyReLU(x) as LibTorch computes it (x > 0 ? x : x * slope in acc_t<T>, so NaN * slope
 /// for a NaN) and the mask x > 0 (where LibTorch's gradient passes g unscaled). y may be x, or
-/// null for the mask alone.
+/// null for the mask alone. Both results are computed for every element and selected without a
+/// branch: signs are random, a branch per element mispredicts half the time.
 template <class T>
 void leaky_relu_mask_forward(const T* x, T* y, acc_t<T> slope, std::uint32_t* words,
                              std::int64_t n) {
   for_each_mask_word(n, no_wide_words, [&](std::int64_t w, std::int64_t base, int count) {
+#if DROPIT_TORCH_SSE2
+    if constexpr (std::is_same_v<T, float>) {
+      if (count == 32) {
+        words[w] = leaky_relu_word_sse2(x + base, y != nullptr ? y + base : nullptr, slope);
+        return;
+      }
+    }
+#endif
     std::uint32_t m = 0;
-    for (int j = 0; j < count; ++j) {
-      const acc_t<T> v = static_cast<acc_t<T>>(x[base + j]);
-      const bool pass = v > acc_t<T>(0);
-      if (y != nullptr) y[base + j] = pass ? x[base + j] : static_cast<T>(v * slope);
-      m |= static_cast<std::uint32_t>(pass) << j;
+    if (y == nullptr) {
+      for (int j = 0; j < count; ++j)
+        m |= static_cast<std::uint32_t>(static_cast<acc_t<T>>(x[base + j]) > acc_t<T>(0)) << j;
+    } else {
+      for (int j = 0; j < count; ++j) {
+        const T xv = x[base + j];
+        const acc_t<T> v = static_cast<acc_t<T>>(xv);
+        const bool pass = v > acc_t<T>(0);
+        const T scaled = static_cast<T>(v * slope);
+        y[base + j] = pass ? xv : scaled;
+        m |= static_cast<std::uint32_t>(pass) << j;
+      }
     }
     words[w] = m;
   });
 }
 
 /// gx = g where the mask is set, g * slope (in acc_t<T>) elsewhere: LibTorch's
-/// leaky_relu_backward. gx may be g.
+/// leaky_relu_backward. gx may be g. Branch-free as the forward.
 template <class T>
 void leaky_relu_mask_backward(const T* g, const std::uint32_t* words, acc_t<T> slope, T* gx,
                               std::int64_t n) {
   for_each_mask_word(n, no_wide_words, [&](std::int64_t w, std::int64_t base, int count) {
     const std::uint32_t m = words[w];
+#if DROPIT_TORCH_SSE2
+    if constexpr (std::is_same_v<T, float>) {
+      if (count == 32) {
+        leaky_select_word_sse2(g + base, m, slope, gx + base);
+        return;
+      }
+    }
+#endif
     for (int j = 0; j < count; ++j) {
       const T v = g[base + j];
-      gx[base + j] = (m >> j & 1u) != 0 ? v : static_cast<T>(static_cast<acc_t<T>>(v) * slope);
+      const T scaled = static_cast<T>(static_cast<acc_t<T>>(v) * slope);
+      gx[base + j] = (m >> j & 1u) != 0 ? v : scaled;
     }
   });
 }
 
 /// y = Hardtanh(x) as LibTorch computes it (min(max(x, lo), hi) with the bounds in T: -0.0 and
 /// NaN pass through) and the mask lo < x < hi (where its gradient passes; not at a bound, not for
-/// NaN). y may be x, or null for the mask alone.
+/// NaN). y may be x, or null for the mask alone. Branch-free, as LeakyReLU's.
 template <class T>
 void hardtanh_mask_forward(const T* x, T* y, T lo, T hi, std::uint32_t* words, std::int64_t n) {
   const auto a = static_cast<acc_t<T>>(lo), b = static_cast<acc_t<T>>(hi);
   for_each_mask_word(n, no_wide_words, [&](std::int64_t w, std::int64_t base, int count) {
+#if DROPIT_TORCH_SSE2
+    if constexpr (std::is_same_v<T, float>) {
+      if (count == 32) {
+        words[w] = hardtanh_word_sse2(x + base, y != nullptr ? y + base : nullptr, lo, hi);
+        return;
+      }
+    }
+#endif
     std::uint32_t m = 0;
-    for (int j = 0; j < count; ++j) {
-      const T v = x[base + j];
-      const auto f = static_cast<acc_t<T>>(v);
-      if (y != nullptr) y[base + j] = f < a ? lo : (b < f ? hi : v);
-      m |= static_cast<std::uint32_t>(f > a && f < b) << j;
+    if (y == nullptr) {
+      for (int j = 0; j < count; ++j) {
+        const auto f = static_cast<acc_t<T>>(x[base + j]);
+        m |= static_cast<std::uint32_t>(f > a && f < b) << j;
+      }
+    } else {
+      for (int j = 0; j < count; ++j) {
+        const T v = x[base + j];
+        const auto f = static_cast<acc_t<T>>(v);
+        const T low = f < a ? lo : v;  // a <= b: at most one bound applies
+        y[base + j] = b < f ? hi : low;
+        m |= static_cast<std::uint32_t>(f > a && f < b) << j;
+      }
     }
     words[w] = m;
   });

@@ -1,7 +1,8 @@
 /**
  * @file kernels_sse2.hpp
  * @brief SSE2 fast paths of the fp32 mask kernels (every x86-64 CPU has SSE2, so no -march flag
- * is needed): ReLU with a 1-bit mask and the 2x2 stride-2 max pooling with 2-bit codes. Each
+ * is needed): ReLU, LeakyReLU and Hardtanh with a 1-bit mask (forward and backward) and the 2x2
+ * stride-2 max pooling with 2-bit codes. Each
  * produces exactly the bytes of the scalar kernels in kernels.hpp; the LibTorch tests compare
  * both against LibTorch's own ops.
  */
@@ -96,6 +97,53 @@ inline void select_word_sse2(const float* g, std::uint32_t m, float* out) noexce
     const __m128 v = g != nullptr ? _mm_loadu_ps(g + 4 * q) : _mm_set1_ps(1.0f);
     _mm_storeu_ps(out + 4 * q, _mm_and_ps(v, nibble_lanes(m >> (4 * q) & 0xfu)));
   }
+}
+
+/// lanes ? a : b.
+inline __m128 blend_sse2(__m128 lanes, __m128 a, __m128 b) noexcept {
+  return _mm_or_ps(_mm_and_ps(lanes, a), _mm_andnot_ps(lanes, b));
+}
+
+/// The 32 outputs of a full LeakyReLU word (y = x where x > 0, x * slope elsewhere, NaN * slope
+/// for a NaN; y may be x, or null for the mask alone); returns the mask (bit j: x_j > 0).
+inline std::uint32_t leaky_relu_word_sse2(const float* x, float* y, float slope) noexcept {
+  const __m128 zero = _mm_setzero_ps(), s = _mm_set1_ps(slope);
+  std::uint32_t m = 0;
+  for (int q = 0; q < 8; ++q) {
+    const __m128 v = _mm_loadu_ps(x + 4 * q);
+    const __m128 gt = _mm_cmpgt_ps(v, zero);  // false for NaN
+    if (y != nullptr) _mm_storeu_ps(y + 4 * q, blend_sse2(gt, v, _mm_mul_ps(v, s)));
+    m |= static_cast<std::uint32_t>(_mm_movemask_ps(gt)) << (4 * q);
+  }
+  return m;
+}
+
+/// gx = g where the word's bits are set, g * slope elsewhere, for 32 elements (gx may be g).
+inline void leaky_select_word_sse2(const float* g, std::uint32_t m, float slope,
+                                   float* gx) noexcept {
+  const __m128 s = _mm_set1_ps(slope);
+  for (int q = 0; q < 8; ++q) {
+    const __m128 v = _mm_loadu_ps(g + 4 * q);
+    _mm_storeu_ps(gx + 4 * q, blend_sse2(nibble_lanes(m >> (4 * q) & 0xfu), v, _mm_mul_ps(v, s)));
+  }
+}
+
+/// The 32 outputs of a full Hardtanh word (y = lo where x < lo, hi where x > hi, x elsewhere:
+/// -0.0 and NaN pass; lo <= hi; y may be x, or null for the mask alone); returns the mask
+/// (bit j: lo < x_j < hi).
+inline std::uint32_t hardtanh_word_sse2(const float* x, float* y, float lo, float hi) noexcept {
+  const __m128 a = _mm_set1_ps(lo), b = _mm_set1_ps(hi);
+  std::uint32_t m = 0;
+  for (int q = 0; q < 8; ++q) {
+    const __m128 v = _mm_loadu_ps(x + 4 * q);
+    if (y != nullptr) {
+      const __m128 low = blend_sse2(_mm_cmplt_ps(v, a), a, v);
+      _mm_storeu_ps(y + 4 * q, blend_sse2(_mm_cmplt_ps(b, v), b, low));
+    }
+    const __m128 inside = _mm_and_ps(_mm_cmpgt_ps(v, a), _mm_cmplt_ps(v, b));
+    m |= static_cast<std::uint32_t>(_mm_movemask_ps(inside)) << (4 * q);
+  }
+  return m;
 }
 
 /// Bits 0..3 spread to bits 0, 2, 4, 6.
