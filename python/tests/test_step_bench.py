@@ -1,6 +1,8 @@
 """bench/python_step_bench.py runs (a few rounds of the CNN) and writes its JSON; with
---steady-heap no configuration pays page faults after the warm-up (without the flag, plain
-PyTorch's CNN step takes thousands a step on this benchmark)."""
+--steady-heap every configuration's median step pays at most a handful of page faults after the
+warm-up (without the flag, every configuration's CNN step takes thousands a step on this
+benchmark). Not exactly zero: a step whose heap layout reaches a new high-water mark maps a few
+fresh pages (30 rounds on 2026-11-29: 0 in most steps, 1-2 in some, one step of 1,176)."""
 import json
 import os
 import pathlib
@@ -9,6 +11,8 @@ import sys
 
 import dropit
 
+# A page is 4 KiB: 16 faults is 64 KiB, against the 1,500-9,000 faults of a step without the flag.
+MAX_STEADY_FAULTS = 16
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "python_step_bench.py"
 
 
@@ -26,4 +30,4 @@ def test_steady_heap_leaves_no_page_faults(tmp_path):
     assert rows["dropit"]["held_ratio"] < 0.1  # the CNN's saved bytes, as in the README's table
     for impl, r in rows.items():
         assert r["rounds"] == 5
-        assert r["page_faults_median"] == 0, impl
+        assert r["page_faults_median"] <= MAX_STEADY_FAULTS, impl
