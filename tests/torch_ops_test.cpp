@@ -725,8 +725,8 @@ TEST_CASE("torch: relu and relu_ under create_graph: double backward equals LibT
 }
 
 TEST_CASE(
-    "torch: linear, gpt2_conv1d and conv2d under create_graph: the weight gradient is "
-    "differentiable in x") {
+    "torch: linear, gpt2_conv1d, conv1d/2d/3d and conv_transpose2d under create_graph: the "
+    "weight gradient is differentiable in x") {
   // A gradient penalty on the weight gradient reaches x through the rebuilt input, as PyTorch's
   // saved-tensor hooks make it: the kept values stand for x (straight through). Oracle: LibTorch's
   // own ops, y = op(x, W) + op(xs - x, W) + op(x - xs, W) with the last two inputs and the last
@@ -738,12 +738,19 @@ TEST_CASE(
     std::vector<std::int64_t> x_sizes, w_sizes;
   };
   const dt::conv2d_params conv{{1, 2}, {1, 0}, {1, 1}, 1};
+  const dt::conv1d_params conv1{{2}, {1}, {2}, 1};
+  const dt::conv3d_params conv3{{1, 2, 1}, {0, 1, 1}, {1, 1, 1}, 1};
+  // Transposed: weight [C_in, C_out / groups, kH, kW]; groups 2, output padding below the stride.
+  const dt::conv_transpose_params<2> transposed{{2, 3}, {1, 0}, {1, 2}, {1, 1}, 2};
   const std::vector<layer_case> cases{
       {"linear 2-d", {12, 8}, {5, 8}},
       {"linear 3-d", {2, 6, 8}, {5, 8}},
       {"gpt2_conv1d", {2, 6, 8}, {8, 5}},
+      {"conv1d", {2, 3, 9}, {4, 3, 3}},
       {"conv2d", {2, 3, 6, 8}, {4, 3, 3, 2}},
       {"conv2d channels-last", {2, 3, 6, 8}, {4, 3, 3, 2}},
+      {"conv3d", {2, 2, 4, 5, 4}, {3, 2, 2, 3, 2}},
+      {"conv_transpose2d", {2, 4, 5, 4}, {4, 3, 3, 2}},
   };
   for (double gamma : {0.0, 0.75}) {
     for (const layer_case& c : cases) {
@@ -756,11 +763,21 @@ TEST_CASE(
           const dt::policy p = make_policy(dt::policy_kind::mink, gamma);
           if (name.rfind("linear", 0) == 0) return dt::linear(x, w, c10::nullopt, p);
           if (name == "gpt2_conv1d") return dt::gpt2_conv1d(x, w, c10::nullopt, p);
+          if (name == "conv1d") return dt::conv1d(x, w, c10::nullopt, conv1, p);
+          if (name == "conv3d") return dt::conv3d(x, w, c10::nullopt, conv3, p);
+          if (name == "conv_transpose2d") {
+            return dt::conv_transpose<2>(x, w, c10::nullopt, transposed, p);
+          }
           return dt::conv2d(x, w, c10::nullopt, conv, p);
         };
         const auto plain_op = [&](const torch::Tensor& x, const torch::Tensor& w) {
           if (name.rfind("linear", 0) == 0) return torch::linear(x, w);
           if (name == "gpt2_conv1d") return torch::matmul(x, w);
+          if (name == "conv1d") return torch::conv1d(x, w, {}, 2, 1, 2);
+          if (name == "conv3d") return torch::conv3d(x, w, {}, {1, 2, 1}, {0, 1, 1});
+          if (name == "conv_transpose2d") {
+            return torch::conv_transpose2d(x, w, {}, {2, 3}, {1, 0}, {1, 2}, 2);
+          }
           return torch::conv2d(x, w, {}, {1, 2}, {1, 0});
         };
         torch::manual_seed(11);
