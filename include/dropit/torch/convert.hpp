@@ -6,7 +6,8 @@
  * LibTorch's C++ modules cannot have their `forward` patched at run time, so there are two ways in:
  * - build the model from dropit's layer types (`dropit::torch::Linear`, `Conv2d`, `Conv1D`,
  *   `Conv1d`, `Conv3d`, `ConvTranspose1d/2d/3d`, `ReLU`, `LeakyReLU`, `Hardtanh`, `ReLU6`,
- *   `MaxPool2d`, `AvgPool2d`, `AdaptiveAvgPool2d`; modules.hpp), which works for any module, or
+ *   `MaxPool2d`, `AvgPool2d`, `AdaptiveAvgPool2d`; modules.hpp; `MultiheadAttention`,
+ *   multihead_attention.hpp), which works for any module, or
  * - build it from `torch::nn` layers held in `Sequential`/`ModuleList` containers and call
  *   `to_dropit(model, policy)`, which swaps them in place.
  * A standard layer held as a named member of your own module is called through its own type by your
@@ -15,6 +16,7 @@
 #pragma once
 
 #include <dropit/torch/modules.hpp>
+#include <dropit/torch/multihead_attention.hpp>
 #include <dropit/torch/policy.hpp>
 #include <dropit/torch/store_modules.hpp>
 

@@ -37,13 +37,15 @@ inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, cons
     return false;
   }
   const bool weights =
-      p.active() && (replace_as<LinearImpl, ::torch::nn::LinearImpl>(m, p, out) ||
-                     replace_as<Conv2dImpl, ::torch::nn::Conv2dImpl>(m, p, out) ||
-                     replace_as<Conv1dImpl, ::torch::nn::Conv1dImpl>(m, p, out) ||
-                     replace_as<Conv3dImpl, ::torch::nn::Conv3dImpl>(m, p, out) ||
-                     replace_as<ConvTranspose1dImpl, ::torch::nn::ConvTranspose1dImpl>(m, p, out) ||
-                     replace_as<ConvTranspose2dImpl, ::torch::nn::ConvTranspose2dImpl>(m, p, out) ||
-                     replace_as<ConvTranspose3dImpl, ::torch::nn::ConvTranspose3dImpl>(m, p, out));
+      p.active() &&
+      (replace_as<LinearImpl, ::torch::nn::LinearImpl>(m, p, out) ||
+       replace_as<Conv2dImpl, ::torch::nn::Conv2dImpl>(m, p, out) ||
+       replace_as<Conv1dImpl, ::torch::nn::Conv1dImpl>(m, p, out) ||
+       replace_as<Conv3dImpl, ::torch::nn::Conv3dImpl>(m, p, out) ||
+       replace_as<ConvTranspose1dImpl, ::torch::nn::ConvTranspose1dImpl>(m, p, out) ||
+       replace_as<ConvTranspose2dImpl, ::torch::nn::ConvTranspose2dImpl>(m, p, out) ||
+       replace_as<ConvTranspose3dImpl, ::torch::nn::ConvTranspose3dImpl>(m, p, out) ||
+       replace_as<MultiheadAttentionImpl, ::torch::nn::MultiheadAttentionImpl>(m, p, out));
   if (weights || excluded) return weights;
   const store_options& s = o.store;
   return (p.active() && o.masks &&
@@ -70,7 +72,7 @@ inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, cons
          (s.dropout && replace_as<DropoutImpl, ::torch::nn::DropoutImpl>(m, s, out));
 }
 
-/// A Linear, a convolution or a Conv1D (the layers with a gamma).
+/// A Linear, a convolution, a Conv1D or a MultiheadAttention (the layers with a gamma).
 [[nodiscard]] inline bool is_weight_layer(const ::torch::nn::Module& m) {
   return dynamic_cast<const LinearImpl*>(&m) != nullptr ||
          dynamic_cast<const Conv2dImpl*>(&m) != nullptr ||
@@ -79,7 +81,8 @@ inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, cons
          dynamic_cast<const ConvTranspose1dImpl*>(&m) != nullptr ||
          dynamic_cast<const ConvTranspose2dImpl*>(&m) != nullptr ||
          dynamic_cast<const ConvTranspose3dImpl*>(&m) != nullptr ||
-         dynamic_cast<const Conv1DImpl*>(&m) != nullptr;
+         dynamic_cast<const Conv1DImpl*>(&m) != nullptr ||
+         dynamic_cast<const MultiheadAttentionImpl*>(&m) != nullptr;
 }
 
 /// p with the gamma of the longest `layer_gamma` key that is `path` or a dotted prefix of it.
