@@ -99,6 +99,8 @@ std::vector<attention_case> option_cases() {
       {"encoder-decoder (key = value)", O(8, 2), inputs::key_is_value, 8, 8, true, false, true,
        true},
       {"distinct query, key, value", O(8, 2), inputs::distinct, 8, 8, false, true, false, true},
+      // LibTorch's dropout draws after the same seed in both modules: the same noise.
+      {"dropout 0.3", O(8, 2).dropout(0.3), inputs::self, 8, 8, false, false, true, true},
       // LibTorch's module asserts key.sizes() == value.sizes(): kdim = vdim.
       {"kdim / vdim", O(8, 2).kdim(6).vdim(6), inputs::distinct, 6, 6, true, true, true, true},
       {"add_bias_kv, add_zero_attn, both masks", O(8, 2).add_bias_kv(true).add_zero_attn(true),
