@@ -58,10 +58,10 @@ inline T keep_or_zero(T v, std::uint32_t keep) noexcept {
 inline constexpr std::int64_t mask_grain_words = 1024;
 
 /// Serial cost of the mask kernels, ns per element, for the fork decision: one thread, fp32, on
-/// the 2-core development machine, as they run in training: a ReLU forward of 2^20 elements into
-/// a fresh output takes 0.38 ns per element (the output's pages are new). At 0.1 (the kernels on
-/// warm memory) the mask ops at 2^20 stayed on one thread: 1.4-1.6x LibTorch's time, 0.8-0.95x
-/// at 0.4 (bench/README.md).
+/// the 2-core development machine, as they run in training: a ReLU forward of 1.1 M elements
+/// ([2176, 512]) into a fresh output takes 0.38 ns per element (the output's pages are new).
+/// At 0.1 (the kernels on warm memory) the mask ops at 2^20 stayed on one thread: 1.4-1.6x
+/// LibTorch's time, 0.82-0.99x at 0.4 (bench/README.md).
 inline constexpr double mask_ns_per_element = 0.4;
 
 /**
