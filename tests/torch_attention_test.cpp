@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -111,30 +112,45 @@ std::vector<attention_case> option_cases() {
 }  // namespace
 
 TEST_CASE("torch: MultiheadAttention with identity equals LibTorch's module, every option") {
-  for (const attention_case& c : option_cases()) {
-    const std::string name = c.name;
-    CAPTURE(name);
-    torch::manual_seed(2);
-    nn::MultiheadAttention plain(c.options);
-    plain->to(torch::kDouble);
-    torch::manual_seed(2);
-    nn::MultiheadAttention base(c.options);
-    base->to(torch::kDouble);
-    dt::MultiheadAttention ours(*base, make_policy(dt::policy_kind::identity));
-    // Taking over shares the parameter tensors, out_proj's included.
-    CHECK(ours->in_proj_bias.defined() == base->in_proj_bias.defined());
-    CHECK(ours->out_proj->weight.data_ptr() == base->out_proj->weight.data_ptr());
-    const auto want = run_module(plain, c, torch::kDouble);
-    const auto got = run_module(ours, c, torch::kDouble);
-    CHECK(rel_diff(got.out, want.out) <= 1e-12);
-    CHECK(got.weights.defined() == want.weights.defined());
-    if (want.weights.defined()) CHECK(rel_diff(got.weights, want.weights) <= 1e-12);
-    REQUIRE(got.grads.size() == want.grads.size());
-    for (const auto& [key, g] : want.grads) {
-      CAPTURE(key);
-      REQUIRE(got.grads.count(key) == 1);
-      REQUIRE(g.defined());
-      CHECK(rel_diff(got.grads.at(key), g) <= 1e-12);
+  // Identity projections; then the attention's own tensors stored too (exact codec, the noise as
+  // bits), with identity projections and with policy none.
+  const dt::store_options none, stored = dt::store_options::all(dropit::value_codec::exact);
+  const std::pair<dt::policy, dt::store_options> configurations[] = {
+      {make_policy(dt::policy_kind::identity), none},
+      {make_policy(dt::policy_kind::identity), stored},
+      {dt::policy{}, stored}};
+  for (const auto& [policy, store] : configurations) {
+    for (const attention_case& c : option_cases()) {
+      const std::string name = c.name;
+      CAPTURE(name);
+      const std::string kind = dt::to_string(policy.kind);
+      CAPTURE(kind);
+      CAPTURE(store.any());
+      torch::manual_seed(2);
+      nn::MultiheadAttention plain(c.options);
+      plain->to(torch::kDouble);
+      torch::manual_seed(2);
+      nn::MultiheadAttention base(c.options);
+      base->to(torch::kDouble);
+      dt::MultiheadAttention ours(*base, policy);
+      ours->set_store(store);
+      // Taking over shares the parameter tensors, out_proj's included.
+      CHECK(ours->in_proj_bias.defined() == base->in_proj_bias.defined());
+      CHECK(ours->out_proj->weight.data_ptr() == base->out_proj->weight.data_ptr());
+      const auto before = dt::live_saved_bytes().sparse;
+      const auto want = run_module(plain, c, torch::kDouble);
+      const auto got = run_module(ours, c, torch::kDouble);
+      CHECK(dt::live_saved_bytes().sparse == before);  // everything released after backward
+      CHECK(rel_diff(got.out, want.out) <= 1e-12);
+      CHECK(got.weights.defined() == want.weights.defined());
+      if (want.weights.defined()) CHECK(rel_diff(got.weights, want.weights) <= 1e-12);
+      REQUIRE(got.grads.size() == want.grads.size());
+      for (const auto& [key, g] : want.grads) {
+        CAPTURE(key);
+        REQUIRE(got.grads.count(key) == 1);
+        REQUIRE(g.defined());
+        CHECK(rel_diff(got.grads.at(key), g) <= 1e-12);
+      }
     }
   }
 }

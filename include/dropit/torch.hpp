@@ -9,7 +9,7 @@
  * | torch/policy.hpp | `policy{kind, gamma, seed}`, `live_saved_bytes()` |
  * | torch/functional.hpp | `linear`, `conv2d`, ...; `[leaky_]relu`, `hardtanh`, `*_pool2d` |
  * | torch/modules.hpp | their modules: `Linear`, ..., `LeakyReLU`, `MaxPool2d`, `AvgPool2d`, ... |
- * | torch/multihead_attention.hpp | `MultiheadAttention`: its projections through dropit |
+ * | torch/multihead_attention.hpp | `MultiheadAttention`: projections, attention via dropit |
  * | torch/store.hpp | `layer_norm`, `batch_norm`, `gelu`, `activation`, ... through a codec |
  * | torch/store_modules.hpp | `LayerNorm`, `BatchNorm1d/2d/3d`, `GELU`, `SiLU`, ..., `Dropout` |
  * | torch/convert.hpp | `to_dropit(module, policy, {.store = ...})` |

@@ -9,6 +9,10 @@
  * This module runs the same computation with each projection in dropit's `linear` (the weight
  * gradients come from the rebuilt inputs; input and bias gradients are exact); the attention
  * itself (scaled `q k^T`, masks, softmax, dropout, `attn v`) is LibTorch's ops, as in its module.
+ * Its own saved tensors follow `store_options` (store.hpp) as `SoftmaxAttention`'s do: the
+ * softmax output (`softmax`) and q, k, v (`matmul`) through a value codec, the dropout's noise as
+ * bits (`dropout`); the weights after dropout are then rebuilt from the softmax output and the
+ * noise instead of being saved.
  *
  * @code
  * namespace dt = dropit::torch;
@@ -21,6 +25,7 @@
 
 #include <dropit/torch/modules.hpp>
 #include <dropit/torch/policy.hpp>
+#include <dropit/torch/store_modules.hpp>
 
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/pimpl.h>
@@ -38,9 +43,14 @@ namespace dropit::torch {
  * value equal, as LibTorch decides it: by value) packs the query once; key = value packs the key
  * once. Every option of LibTorch's module (bias, `add_bias_kv`, `add_zero_attn`, `kdim` / `vdim`,
  * dropout) and every argument of its forward (masks, `need_weights`, `average_attn_weights`)
- * behaves as there; eval mode, no-grad and policy `none` run LibTorch's module itself.
+ * behaves as there; eval mode, no-grad and policy `none` with no attention store class on run
+ * LibTorch's module itself. `set_store` (or `to_dropit`'s `convert_options::store`) switches the
+ * classes `softmax`, `matmul` and `dropout` on for the attention's own saved tensors; with the
+ * exact codec its gradients stay LibTorch's.
  */
-class MultiheadAttentionImpl : public ::torch::nn::MultiheadAttentionImpl, public layer {
+class MultiheadAttentionImpl : public ::torch::nn::MultiheadAttentionImpl,
+                               public layer,
+                               public store_layer {
  public:
   /// LibTorch's module this one derives from and stands in for.
   using standard_type = ::torch::nn::MultiheadAttentionImpl;
@@ -66,8 +76,8 @@ class MultiheadAttentionImpl : public ::torch::nn::MultiheadAttentionImpl, publi
                                              bool need_weights = true,
                                              const at::Tensor& attn_mask = {},
                                              bool average_attn_weights = true);
-  /// @brief A deep copy (new parameter tensors, out_proj's included), policy and opt-out
-  /// included.
+  /// @brief A deep copy (new parameter tensors, out_proj's included), policy, opt-out and store
+  /// options included.
   [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
       const c10::optional<c10::Device>& device = c10::nullopt) const override;
   /// @brief "dropit::torch::MultiheadAttention(embed_dim=.., num_heads=.., policy=..)".

@@ -151,17 +151,31 @@ at::Tensor activation_(at::Tensor& x, activation_kind kind, const policy& store,
 /// @brief `at::softmax` along `dim` whose saved output is packed with `store` (as `layer_norm`).
 [[nodiscard]] at::Tensor softmax(const at::Tensor& x, std::int64_t dim, const policy& store);
 
+/// @brief Masks and dropout of `attention`: those of LibTorch's MultiheadAttention.
+struct attention_options {
+  at::Tensor mask;            ///< added to q k^T (broadcast to [..., t, s]); undefined: none
+  at::Tensor masked;          ///< bool, broadcast to [..., t, s]: -inf where set (key padding)
+  double dropout = 0;         ///< dropout probability of the weights (pass 0 in eval)
+  bool dropout_bits = false;  ///< save the dropout's noise as 1 bit per element (exact)
+};
+
 /**
- * @brief Attention's core, `softmax(q k^T) v` over the last two dimensions (scale q first), with
- * the softmax output packed with `softmax_store` and q, k, v with `matmul_store`. The same batched
- * matmuls as `at::matmul` on these shapes, so with exact packs the result and gradients are
- * LibTorch's bit for bit.
+ * @brief Attention's core, `softmax(q k^T + mask) v` over the last two dimensions (scale q
+ * first; `options`: an additive mask, a bool mask of -inf, dropout of the weights, as LibTorch's
+ * MultiheadAttention applies them), with the softmax output packed with `softmax_store`, q, k, v
+ * with `matmul_store` and the dropout's noise as bits with `options.dropout_bits` (the weights
+ * after dropout are rebuilt from the softmax output and the noise, not saved). The same batched
+ * matmuls as `at::matmul` on these shapes and LibTorch's dropout draws, so with exact packs the
+ * result and gradients are LibTorch's bit for bit.
  * @param q [..., t, d] @param k [..., s, d] @param v [..., s, e], leading dimensions equal.
  * @return [..., t, e]
- * @throw dropit::error for mismatched shapes, a non-CPU tensor or a `mink`/`random` policy.
+ * @throw dropit::error for mismatched shapes, masks that do not broadcast to [..., t, s] (or a
+ * `masked` that is not bool), a dropout outside [0, 1], a non-CPU tensor or a `mink`/`random`
+ * policy.
  */
 [[nodiscard]] at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   const policy& softmax_store, const policy& matmul_store);
+                                   const policy& softmax_store, const policy& matmul_store,
+                                   const attention_options& options = {});
 
 /**
  * @brief `at::dropout`; with `bits` and in training its noise (0 or 1 / (1 - p), the same draws

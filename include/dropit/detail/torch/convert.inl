@@ -69,6 +69,9 @@ inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, cons
                            replace_as<TanhImpl, ::torch::nn::TanhImpl>(m, s, out) ||
                            replace_as<SigmoidImpl, ::torch::nn::SigmoidImpl>(m, s, out))) ||
          (s.softmax && replace_as<SoftmaxImpl, ::torch::nn::SoftmaxImpl>(m, s, out)) ||
+         // LibTorch's attention with policy none: its own saved tensors through the store.
+         ((s.softmax || s.matmul || s.dropout) &&
+          replace_as<MultiheadAttentionImpl, ::torch::nn::MultiheadAttentionImpl>(m, p, out)) ||
          (s.dropout && replace_as<DropoutImpl, ::torch::nn::DropoutImpl>(m, s, out));
 }
 

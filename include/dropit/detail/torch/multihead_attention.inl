@@ -48,12 +48,12 @@ inline MultiheadAttentionImpl::MultiheadAttentionImpl(std::int64_t embed_dim,
 
 inline MultiheadAttentionImpl::MultiheadAttentionImpl(
     const ::torch::nn::MultiheadAttentionOptions& options_, const policy& p)
-    : standard_type(options_), layer(p) {
+    : standard_type(options_), layer(p), store_layer({}) {
 }
 
 inline MultiheadAttentionImpl::MultiheadAttentionImpl(const standard_type& other, const policy& p)
     // Module is a virtual base: copy it here too, or the parameters would not come along.
-    : ::torch::nn::Module(other), standard_type(other), layer(p) {
+    : ::torch::nn::Module(other), standard_type(other), layer(p), store_layer({}) {
 }
 
 inline std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::forward(
@@ -61,7 +61,12 @@ inline std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::forward(
     const at::Tensor& key_padding_mask, bool need_weights, const at::Tensor& attn_mask,
     bool average_attn_weights) {
   const policy p = weight_policy(is_training());
-  if (!p.active()) {
+  // The attention's own saved tensors through store_options (softmax output, q, k, v, noise).
+  const bool training = is_training() && ::torch::autograd::GradMode::is_enabled();
+  const policy ps = training ? store_.policy_for(store_.softmax) : policy{};
+  const policy pm = training ? store_.policy_for(store_.matmul) : policy{};
+  const bool bits = training && store_.dropout && options.dropout() > 0;
+  if (!p.active() && !ps.active() && !pm.active() && !bits) {
     return standard_type::forward(query, key, value, key_padding_mask, need_weights, attn_mask,
                                   average_attn_weights);
   }
@@ -138,18 +143,36 @@ inline std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::forward(
     mask = detail::padded_mask(mask);
     padding = detail::padded_mask(padding);
   }
-  at::Tensor weights = at::bmm(q, k.transpose(1, 2));
-  if (mask.defined()) weights += mask.unsqueeze(0);  // as LibTorch's module: added, any dtype
-  if (padding.defined()) {
-    weights = weights.view({bsz, heads, tgt_len, src_len})
-                  .masked_fill(padding.unsqueeze(1).unsqueeze(2),
-                               -std::numeric_limits<double>::infinity())
-                  .view({bsz * heads, tgt_len, src_len});
+  at::Tensor weights, out;
+  if (ps.active() || pm.active() || bits) {
+    // Heads as a dimension of their own, so that the padding mask broadcasts: [N, heads, *, *].
+    const auto heads_apart = [&](const at::Tensor& t) {
+      return t.view({bsz, heads, t.size(1), head_dim});
+    };
+    attention_options o;
+    o.mask = mask;  // [L, S]: broadcast over batch and heads, as LibTorch's unsqueeze(0)
+    if (padding.defined()) o.masked = padding.view({bsz, 1, 1, src_len});
+    o.dropout = is_training() ? options.dropout() : 0.0;
+    o.dropout_bits = bits;
+    const auto r =
+        detail::attention_with_weights(heads_apart(q), heads_apart(k), heads_apart(v), ps, pm, o);
+    out = r.first.view({bsz * heads, tgt_len, head_dim});
+    weights = r.second.view({bsz * heads, tgt_len, src_len});
+  } else {
+    weights = at::bmm(q, k.transpose(1, 2));
+    if (mask.defined()) weights += mask.unsqueeze(0);  // as LibTorch's module: added, any dtype
+    if (padding.defined()) {
+      weights = weights.view({bsz, heads, tgt_len, src_len})
+                    .masked_fill(padding.unsqueeze(1).unsqueeze(2),
+                                 -std::numeric_limits<double>::infinity())
+                    .view({bsz * heads, tgt_len, src_len});
+    }
+    namespace F = ::torch::nn::functional;
+    weights = F::dropout(at::softmax(weights, -1),
+                         F::DropoutFuncOptions().p(options.dropout()).training(is_training()));
+    out = at::bmm(weights, v);
   }
-  namespace F = ::torch::nn::functional;
-  weights = F::dropout(at::softmax(weights, -1),
-                       F::DropoutFuncOptions().p(options.dropout()).training(is_training()));
-  at::Tensor out = at::bmm(weights, v).transpose(0, 1).contiguous().view({tgt_len, bsz, e});
+  out = out.transpose(0, 1).contiguous().view({tgt_len, bsz, e});
   out = project(out, out_proj->weight, out_proj->bias);
   if (!need_weights) return {out, at::Tensor()};
   weights = weights.view({bsz, heads, tgt_len, src_len});
@@ -161,6 +184,7 @@ inline std::shared_ptr<::torch::nn::Module> MultiheadAttentionImpl::clone(
     const c10::optional<c10::Device>& device) const {
   auto copy = std::make_shared<MultiheadAttentionImpl>(options, get_policy());
   copy->exclude(excluded());
+  copy->set_store(store_);
   detail::copy_parameters(*this, *copy, device);
   detail::copy_parameters(*out_proj, *copy->out_proj, device);
   copy->train(is_training());
@@ -171,6 +195,13 @@ inline void MultiheadAttentionImpl::pretty_print(std::ostream& stream) const {
   stream << "dropit::torch::MultiheadAttention(embed_dim=" << options.embed_dim()
          << ", num_heads=" << options.num_heads() << ", ";
   print_policy(stream);
+  if (store_.softmax || store_.matmul || store_.dropout) {
+    stream << ", softmax ";
+    print_store(stream, store_.softmax);
+    stream << ", matmul ";
+    print_store(stream, store_.matmul);
+    stream << ", dropout store=" << (store_.dropout ? "bits" : "off");
+  }
   stream << ")";
 }
 

@@ -6,13 +6,16 @@
 #include <dropit/torch/packed.hpp>
 
 #include <ATen/Context.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/WrapDimUtils.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <array>
+#include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace dropit::torch {
@@ -314,28 +317,109 @@ struct softmax_fn : ::torch::autograd::Function<softmax_fn> {
   }
 };
 
-/// softmax(q k^T) v as at::matmul computes it on these shapes: operands reshaped (copied when
-/// they are views) to [batch, rows, cols], then bmm; backward as LibTorch's BmmBackward0 and
-/// SoftmaxBackward0.
+/// Dropout's noise for x as LibTorch's CPU dropout draws it: bernoulli(1 - p) / (1 - p), from the
+/// default generator of x's device (named here: copying an empty optional generator inline makes
+/// g++ -O2 with ASan warn -Wmaybe-uninitialized).
+[[nodiscard]] inline at::Tensor dropout_noise(const at::Tensor& x, double p) {
+  at::Tensor noise = at::empty_like(x, at::MemoryFormat::Contiguous);
+  noise.bernoulli_(1 - p, at::globalContext().defaultGenerator(x.device()));
+  noise.div_(1 - p);
+  return noise;
+}
+
+/// Saves a dropout's noise in ctx: 1 bit per element and its one nonzero value with `bits`, else
+/// the dense tensor as LibTorch saves it. Returns the tensor to pass to save_for_backward.
+[[nodiscard]] inline at::Tensor save_noise(AutogradContext* ctx, const at::Tensor& noise,
+                                           bool bits) {
+  ctx->saved_data["noise_sizes"] = noise.sizes();
+  ctx->saved_data["noise_strides"] = noise.strides();
+  ctx->saved_data["noise_value"] = bits ? two_valued_scale(noise) : 1.0;
+  return bits ? positive_bits(noise) : noise;
+}
+
+/// The noise `save_noise` saved as `saved`, in dtype.
+[[nodiscard]] inline at::Tensor restore_noise(AutogradContext* ctx, const at::Tensor& saved,
+                                              bool bits, at::ScalarType dtype) {
+  if (!bits) return saved;
+  return expand_bits(saved, ctx->saved_data["noise_sizes"].toIntVector(),
+                     ctx->saved_data["noise_strides"].toIntVector(), dtype,
+                     ctx->saved_data["noise_value"].toDouble());
+}
+
+/// x * (LibTorch's dropout with probability p of 0 or 1: x itself, or zeros without a draw).
+[[nodiscard]] inline at::Tensor apply_noise(const at::Tensor& x, double p,
+                                            const at::Tensor& noise) {
+  if (p == 0) return x;
+  return x * (p == 1 ? at::zeros({}, x.options()) : noise);
+}
+
+/// q k^T's shape [..., t, s] (q's leading dimensions): where the masks broadcast.
+[[nodiscard]] inline std::vector<std::int64_t> scores_sizes(at::IntArrayRef q_sizes,
+                                                            std::int64_t s) {
+  std::vector<std::int64_t> sizes = q_sizes.vec();
+  sizes.back() = s;
+  return sizes;
+}
+
+/// What `attention_fn` takes besides q, k, v and the additive mask (a tensor argument, so that it
+/// gets a gradient; LibTorch 1.13's Function refuses an undefined one, so a 0-element tensor with
+/// `has_mask` false stands for none).
+struct attention_extras {
+  at::Tensor masked;  ///< bool, -inf where set; undefined: none
+  bool has_mask = false;
+  double dropout = 0;
+  bool bits = false;  ///< the noise as bits
+};
+
+/// softmax(q k^T + mask, -inf where masked) v with dropout of the weights, as at::matmul and
+/// LibTorch's MultiheadAttention compute it: operands reshaped (copied when they are views) to
+/// [batch, rows, cols], then bmm; backward as LibTorch's BmmBackward0, MulBackward0 (dropout),
+/// SoftmaxBackward0, MaskedFillBackward0 and AddBackward0. Returns the output and the attention
+/// weights (after dropout); the second matmul's backward rebuilds them from the softmax output
+/// and the noise instead of saving them.
 struct attention_fn : ::torch::autograd::Function<attention_fn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const policy& ps, const policy& pm) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, const at::Tensor& mask, const policy& ps,
+                               const policy& pm, const attention_extras& x) {
+    const at::Tensor& masked = x.masked;
+    const double p = x.dropout;
+    ctx->set_materialize_grads(false);  // the weights are usually not used: no zeros for them
     const std::int64_t t = q.size(-2), d = q.size(-1), s = k.size(-2), e = v.size(-1);
     const at::Tensor q3 = q.reshape({-1, t, d});
     const at::Tensor kt3 = k.transpose(-2, -1).reshape({-1, d, s});
     const at::Tensor v3 = v.reshape({-1, s, e});
-    const at::Tensor att = at::_softmax(at::bmm(q3, kt3), -1, false);
+    const std::int64_t bh = q3.size(0);
+    const std::vector<std::int64_t> full = scores_sizes(q.sizes(), s);
+    at::Tensor scores = at::bmm(q3, kt3);
+    if (x.has_mask) scores.view(full).add_(mask);  // in place: scores keep their dtype
+    if (masked.defined()) {
+      scores = scores.view(full)
+                   .masked_fill(masked, -std::numeric_limits<double>::infinity())
+                   .view({bh, t, s});
+    }
+    const at::Tensor att = at::_softmax(scores, -1, false);
+    // Dropout as LibTorch's CPU dropout: none at p = 0, zeros without a draw at p = 1.
+    const bool draws = p > 0 && p < 1;
+    const at::Tensor noise = draws ? dropout_noise(att, p) : at::Tensor();
+    const at::Tensor weights = apply_noise(att, p, noise);
     std::vector<std::int64_t> out_sizes = q.sizes().vec();
     out_sizes.back() = e;
-    at::Tensor out = at::bmm(att, v3).view(out_sizes);
-    ctx->save_for_backward({keep(q3, pm), keep(kt3, pm), keep(v3, pm), keep(att, ps)});
-    ctx->saved_data["sizes"] = std::vector<std::int64_t>{q3.size(0), t, d, s, e};
-    ctx->saved_data["packed"] = std::vector<bool>{pm.active(), ps.active()};
+    at::Tensor out = at::bmm(weights, v3).view(out_sizes);
+    const bool bits = x.bits && draws;
+    ctx->save_for_backward({keep(q3, pm), keep(kt3, pm), keep(v3, pm), keep(att, ps),
+                            draws ? save_noise(ctx, noise, bits) : at::Tensor(), masked});
+    ctx->saved_data["sizes"] = std::vector<std::int64_t>{bh, t, d, s, e};
+    ctx->saved_data["packed"] = std::vector<bool>{pm.active(), ps.active(), bits};
+    ctx->saved_data["dropout"] = p;
     ctx->saved_data["q_sizes"] = q.sizes();
     ctx->saved_data["k_sizes"] = k.sizes();
     ctx->saved_data["v_sizes"] = v.sizes();
+    if (x.has_mask) {
+      ctx->saved_data["mask_sizes"] = mask.sizes();
+      ctx->saved_data["mask_dtype"] = mask.scalar_type();
+    }
     ctx->saved_data["dtype"] = q.scalar_type();
-    return out;
+    return {out, weights.view(full)};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -344,54 +428,78 @@ struct attention_fn : ::torch::autograd::Function<attention_fn> {
     const std::vector<std::int64_t> n = ctx->saved_data["sizes"].toIntVector();
     const std::int64_t bh = n[0], t = n[1], d = n[2], s = n[3], e = n[4];
     const c10::List<bool> packed = ctx->saved_data["packed"].toBoolList();
-    const at::Tensor g = grads[0].reshape({bh, t, e});
-    // The second matmul, att [bh, t, s] x v3 [bh, s, e].
+    const double p = ctx->saved_data["dropout"].toDouble();
+    variable_list out(7);
+    // The second matmul, weights [bh, t, s] x v3 [bh, s, e]; the weights' own gradient added.
     const at::Tensor att = unkeep(saved[3], packed[1], {bh, t, s});
-    const at::Tensor v3 = unkeep(saved[2], packed[0], {bh, s, e});
-    at::Tensor gv;
-    if (ctx->needs_input_grad(2)) {
-      gv = att.transpose(1, 2).bmm(g).view(ctx->saved_data["v_sizes"].toIntVector());
+    const at::Tensor noise = saved[4].defined()
+                                 ? restore_noise(ctx, saved[4], packed[2], att.scalar_type())
+                                 : at::Tensor();
+    at::Tensor gw = grads[1].defined() ? grads[1].reshape({bh, t, s}) : grads[1];
+    if (grads[0].defined()) {
+      const at::Tensor g = grads[0].reshape({bh, t, e});
+      if (ctx->needs_input_grad(2)) {
+        out[2] = apply_noise(att, p, noise)
+                     .transpose(1, 2)
+                     .bmm(g)
+                     .view(ctx->saved_data["v_sizes"].toIntVector());
+      }
+      const at::Tensor v3 = unkeep(saved[2], packed[0], {bh, s, e});
+      const at::Tensor gv3 = g.bmm(v3.transpose(1, 2));
+      gw = gw.defined() ? gv3 + gw : gv3;
     }
-    const at::Tensor gatt = g.bmm(v3.transpose(1, 2));
-    const at::Tensor gs =
-        at::_softmax_backward_data(gatt, att, -1, ctx->saved_data["dtype"].toScalarType());
+    if (!gw.defined()) return out;
+    at::Tensor gs = at::_softmax_backward_data(apply_noise(gw, p, noise), att, -1,
+                                               ctx->saved_data["dtype"].toScalarType());
+    const std::vector<std::int64_t> full =
+        scores_sizes(ctx->saved_data["q_sizes"].toIntVector(), s);
+    if (saved[5].defined()) gs = gs.view(full).masked_fill(saved[5], 0).view({bh, t, s});
+    if (ctx->needs_input_grad(3)) {
+      out[3] = gs.view(full)
+                   .sum_to_size(ctx->saved_data["mask_sizes"].toIntVector())
+                   .to(ctx->saved_data["mask_dtype"].toScalarType());
+    }
     // The first matmul, q3 [bh, t, d] x kt3 [bh, d, s].
-    at::Tensor gq, gk;
     if (ctx->needs_input_grad(0)) {
       const at::Tensor kt3 = unkeep(saved[1], packed[0], {bh, d, s});
-      gq = gs.bmm(kt3.transpose(1, 2)).view(ctx->saved_data["q_sizes"].toIntVector());
+      out[0] = gs.bmm(kt3.transpose(1, 2)).view(ctx->saved_data["q_sizes"].toIntVector());
     }
     if (ctx->needs_input_grad(1)) {
       const at::Tensor q3 = unkeep(saved[0], packed[0], {bh, t, d});
       std::vector<std::int64_t> kt_sizes = ctx->saved_data["k_sizes"].toIntVector();
       std::swap(kt_sizes[kt_sizes.size() - 1], kt_sizes[kt_sizes.size() - 2]);
-      gk = q3.transpose(1, 2).bmm(gs).view(kt_sizes).transpose(-2, -1);
+      out[1] = q3.transpose(1, 2).bmm(gs).view(kt_sizes).transpose(-2, -1);
     }
-    return {gq, gk, gv, at::Tensor(), at::Tensor()};
+    return out;
   }
 };
 
+/// LibTorch's ops for `attention` with masks and dropout: what `attention_fn` computes, no pack.
+[[nodiscard]] inline std::pair<at::Tensor, at::Tensor> plain_attention(const at::Tensor& q,
+                                                                       const at::Tensor& k,
+                                                                       const at::Tensor& v,
+                                                                       const attention_options& o) {
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
+  if (o.mask.defined()) scores = scores + o.mask.to(scores.scalar_type());
+  if (o.masked.defined()) {
+    scores = scores.masked_fill(o.masked, -std::numeric_limits<double>::infinity());
+  }
+  const at::Tensor weights = at::dropout(at::softmax(scores, -1), o.dropout, o.dropout > 0);
+  return {at::matmul(weights, v), weights};
+}
+
 struct dropout_fn : ::torch::autograd::Function<dropout_fn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, double p) {
-    // LibTorch's CPU dropout, draw for draw: bernoulli(1 - p) / (1 - p), then x * noise.
-    at::Tensor noise = at::empty_like(x, at::MemoryFormat::Contiguous);
-    // The default generator of x's device, as a call without one uses (named here: copying an
-    // empty optional generator inline makes g++ -O2 with ASan warn -Wmaybe-uninitialized).
-    noise.bernoulli_(1 - p, at::globalContext().defaultGenerator(x.device()));
-    noise.div_(1 - p);
+    // LibTorch's CPU dropout, draw for draw, then x * noise.
+    const at::Tensor noise = dropout_noise(x, p);
     at::Tensor y = x * noise;
-    ctx->save_for_backward({positive_bits(noise)});
-    ctx->saved_data["sizes"] = noise.sizes();
-    ctx->saved_data["strides"] = noise.strides();
-    ctx->saved_data["value"] = two_valued_scale(noise);
+    ctx->save_for_backward({save_noise(ctx, noise, true)});
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor noise =
-        expand_bits(ctx->get_saved_variables()[0], ctx->saved_data["sizes"].toIntVector(),
-                    ctx->saved_data["strides"].toIntVector(), grads[0].scalar_type(),
-                    ctx->saved_data["value"].toDouble());
+        restore_noise(ctx, ctx->get_saved_variables()[0], true, grads[0].scalar_type());
     return {grads[0] * noise, at::Tensor()};
   }
 };
@@ -492,10 +600,12 @@ inline at::Tensor softmax(const at::Tensor& x, std::int64_t dim, const policy& s
   return detail::softmax_fn::apply(x, dim, store);
 }
 
-inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const policy& softmax_store, const policy& matmul_store) {
-  detail::check_store(softmax_store, "attention");
-  detail::check_store(matmul_store, "attention");
+namespace detail {
+inline std::pair<at::Tensor, at::Tensor> attention_with_weights(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const policy& softmax_store,
+    const policy& matmul_store, const attention_options& o) {
+  check_store(softmax_store, "attention");
+  check_store(matmul_store, "attention");
   DROPIT_EXPECTS(q.dim() >= 2 && q.dim() == k.dim() && q.dim() == v.dim(),
                  "torch::attention: q, k and v must have the same number (>= 2) of dimensions, "
                  "got ",
@@ -505,12 +615,35 @@ inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::
                      q.size(-1) == k.size(-1) && k.size(-2) == v.size(-2),
                  "torch::attention: shapes do not match: q ", q.sizes(), ", k ", k.sizes(), ", v ",
                  v.sizes(), " (q [..., t, d], k [..., s, d], v [..., s, e])");
-  if (!detail::wants_store(softmax_store, q, k, v) && !detail::wants_store(matmul_store, q, k, v)) {
-    return at::matmul(at::softmax(at::matmul(q, k.transpose(-2, -1)), -1), v);
+  DROPIT_EXPECTS(o.dropout >= 0 && o.dropout <= 1,
+                 "torch::attention: dropout must be in [0, 1], got ", o.dropout);
+  const std::vector<std::int64_t> full = scores_sizes(q.sizes(), k.size(-2));
+  DROPIT_EXPECTS(!o.mask.defined() || at::is_expandable_to(o.mask.sizes(), full),
+                 "torch::attention: mask ", o.mask.sizes(), " does not broadcast to q k^T ",
+                 at::IntArrayRef(full));
+  DROPIT_EXPECTS(!o.masked.defined() || (o.masked.scalar_type() == at::kBool &&
+                                         at::is_expandable_to(o.masked.sizes(), full)),
+                 "torch::attention: masked must be a bool tensor that broadcasts to q k^T ",
+                 at::IntArrayRef(full));
+  const bool bits = o.dropout_bits && o.dropout > 0 && o.dropout < 1;
+  if (!wants_store(softmax_store, q, k, v, o.mask) && !wants_store(matmul_store, q, k, v, o.mask) &&
+      !(bits && ::torch::autograd::GradMode::is_enabled())) {
+    return plain_attention(q, k, v, o);
   }
   for (const at::Tensor* t : {&q, &k, &v})
-    detail::check_packable(*t, "attention");
-  return detail::attention_fn::apply(q, k, v, softmax_store, matmul_store);
+    check_packable(*t, "attention");
+  const attention_extras x{o.masked, o.mask.defined(), o.dropout, bits};
+  const variable_list r =
+      attention_fn::apply(q, k, v, o.mask.defined() ? o.mask : at::empty({0}, q.options()),
+                          softmax_store, matmul_store, x);
+  return {r[0], r[1]};
+}
+}  // namespace detail
+
+inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const policy& softmax_store, const policy& matmul_store,
+                            const attention_options& options) {
+  return detail::attention_with_weights(q, k, v, softmax_store, matmul_store, options).first;
 }
 
 inline at::Tensor dropout(const at::Tensor& x, double p, bool train, bool bits) {
