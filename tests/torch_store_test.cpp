@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -481,6 +482,69 @@ struct qkv_views {
   }
 };
 
+/// Runs dt::attention on the qkv views of base through each quantized codec, for each class alone
+/// and both, and checks the output against yr, the bytes kept, and the gradients of qkv and of the
+/// mask against LibTorch's backward formulas (BmmBackward0, MulBackward0 of the dropout's noise,
+/// SoftmaxBackward0, MaskedFillBackward0, AddBackward0) on the tensors as the oracle codec stores
+/// them. mask0 and masked may be undefined; p = 0: no dropout (its noise drawn after seed 8).
+void check_attention_codecs(const torch::Tensor& base, const torch::Tensor& g,
+                            const torch::Tensor& yr, const torch::Tensor& mask0,
+                            const torch::Tensor& masked, double p) {
+  const qkv_views r(base);
+  const auto q3 = r.q.detach().reshape({-1, 16, 8});
+  const auto kt3 = r.k.detach().transpose(-2, -1).reshape({-1, 8, 16});
+  const auto v3 = r.v.detach().reshape({-1, 16, 8});
+  auto scores = torch::bmm(q3, kt3).view({3, 4, 16, 16});
+  if (mask0.defined()) scores = scores + mask0;
+  if (masked.defined())
+    scores = scores.masked_fill(masked, -std::numeric_limits<float>::infinity());
+  const auto att = torch::softmax(scores, -1).reshape({-1, 16, 16});
+  torch::manual_seed(8);  // LibTorch's CPU dropout: bernoulli(1 - p) / (1 - p)
+  const auto noise = p > 0 ? torch::empty_like(att).bernoulli_(1 - p).div_(1 - p) : torch::Tensor();
+  auto drop = [&](const torch::Tensor& t) { return p > 0 ? t * noise : t; };
+  const auto g3 = g.reshape({-1, 16, 8});
+  for (const auto c : quantized_codecs) {
+    for (const bool soft : {true, false}) {
+      for (const bool mat : {true, false}) {
+        if (!soft && !mat) continue;
+        CAPTURE(c);
+        CAPTURE(soft);
+        CAPTURE(mat);
+        auto dec = [&](const torch::Tensor& t, bool on) { return on ? oracle_codec(t, c) : t; };
+        const auto a_ = dec(att, soft), q_ = dec(q3, mat), k_ = dec(kt3, mat), v_ = dec(v3, mat);
+        const auto gv = drop(a_).transpose(1, 2).bmm(g3);
+        auto gs =
+            at::_softmax_backward_data(drop(g3.bmm(v_.transpose(1, 2))), a_, -1, torch::kFloat)
+                .view({3, 4, 16, 16});
+        if (masked.defined()) gs = gs.masked_fill(masked, 0);
+        const auto gmask = gs.sum(std::vector<std::int64_t>{0, 1});
+        gs = gs.view({-1, 16, 16});
+        const auto gq = gs.bmm(k_.transpose(1, 2)) * (1.0 / std::sqrt(8.0));
+        const auto gk = q_.transpose(1, 2).bmm(gs).view({3, 4, 8, 16}).transpose(-2, -1);
+        // qkv's gradient from the three parts, as the views lay them out.
+        const auto want = torch::stack({gq.view({3, 4, 16, 8}), gk, gv.view({3, 4, 16, 8})})
+                              .permute({1, 3, 0, 2, 4})
+                              .reshape({3, 16, 96});
+        qkv_views a(base);
+        const auto m = mask0.defined() ? mask0.clone().requires_grad_(true) : torch::Tensor();
+        const auto before = dt::live_saved_bytes();
+        torch::manual_seed(8);
+        const auto y = dt::attention(a.q, a.k, a.v, soft ? store_policy(c) : dt::policy{},
+                                     mat ? store_policy(c) : dt::policy{}, {m, masked, p, true});
+        CHECK(torch::equal(y, yr));
+        const auto after = dt::live_saved_bytes();
+        CHECK(after.sparse - before.sparse ==
+              (soft ? coded_bytes(att.numel()) : 0) + (mat ? 3 * coded_bytes(q3.numel()) : 0));
+        CHECK(after.masks - before.masks ==
+              (p > 0 ? static_cast<std::size_t>((att.numel() + 31) / 32 * 4) : 0));
+        y.backward(g);
+        CHECK(rel_diff(a.qkv.grad(), want) < 1e-6);
+        if (m.defined()) CHECK(rel_diff(m.grad(), gmask) < 1e-6);
+      }
+    }
+  }
+}
+
 TEST_CASE("torch store: attention is at::matmul's, with q, k, v and the softmax through codecs") {
   torch::manual_seed(3);
   const auto base = torch::randn({3, 16, 96});
@@ -497,43 +561,8 @@ TEST_CASE("torch store: attention is at::matmul's, with q, k, v and the softmax 
     CHECK(torch::equal(y, yr));
     CHECK(torch::equal(a.qkv.grad(), r.qkv.grad()));
   }
-  // int8 / e4m3: LibTorch's backward formulas (BmmBackward0, SoftmaxBackward0) on the decoded
-  // tensors, each class alone and both.
-  const auto q3 = r.q.detach().reshape({-1, 16, 8});
-  const auto kt3 = r.k.detach().transpose(-2, -1).reshape({-1, 8, 16});
-  const auto v3 = r.v.detach().reshape({-1, 16, 8});
-  const auto att = torch::softmax(torch::bmm(q3, kt3), -1);
-  const auto g3 = g.reshape({-1, 16, 8});
-  for (const auto c : quantized_codecs) {
-    for (const bool soft : {true, false}) {
-      for (const bool mat : {true, false}) {
-        if (!soft && !mat) continue;
-        CAPTURE(c);
-        CAPTURE(soft);
-        CAPTURE(mat);
-        auto dec = [&](const torch::Tensor& t, bool on) { return on ? oracle_codec(t, c) : t; };
-        const auto a_ = dec(att, soft), q_ = dec(q3, mat), k_ = dec(kt3, mat), v_ = dec(v3, mat);
-        const auto gv = a_.transpose(1, 2).bmm(g3);
-        const auto gs =
-            at::_softmax_backward_data(g3.bmm(v_.transpose(1, 2)), a_, -1, torch::kFloat);
-        const auto gq = gs.bmm(k_.transpose(1, 2)) * (1.0 / std::sqrt(8.0));
-        const auto gk = q_.transpose(1, 2).bmm(gs).view({3, 4, 8, 16}).transpose(-2, -1);
-        // qkv's gradient from the three parts, as the views lay them out.
-        const auto want = torch::stack({gq.view({3, 4, 16, 8}), gk, gv.view({3, 4, 16, 8})})
-                              .permute({1, 3, 0, 2, 4})
-                              .reshape({3, 16, 96});
-        qkv_views a(base);
-        const auto before = dt::live_saved_bytes().sparse;
-        const auto y = dt::attention(a.q, a.k, a.v, soft ? store_policy(c) : dt::policy{},
-                                     mat ? store_policy(c) : dt::policy{});
-        CHECK(torch::equal(y, yr));
-        CHECK(dt::live_saved_bytes().sparse - before ==
-              (soft ? coded_bytes(att.numel()) : 0) + (mat ? 3 * coded_bytes(q3.numel()) : 0));
-        y.backward(g);
-        CHECK(rel_diff(a.qkv.grad(), want) < 1e-6);
-      }
-    }
-  }
+  // int8 / e4m3, each class alone and both: LibTorch's formulas on the decoded tensors.
+  check_attention_codecs(base, g, yr, {}, {}, 0);
 }
 
 TEST_CASE("torch store: attention with masks and dropout is LibTorch's, through codecs too") {
@@ -571,55 +600,8 @@ TEST_CASE("torch store: attention with masks and dropout is LibTorch's, through 
       CHECK(torch::equal(m.grad(), mr.grad()));
     }
   }
-  // int8 / e4m3: LibTorch's backward formulas (BmmBackward0, MulBackward0 of the noise,
-  // SoftmaxBackward0, MaskedFillBackward0, AddBackward0) on the decoded tensors.
-  const auto q3 = r.q.detach().reshape({-1, 16, 8});
-  const auto kt3 = r.k.detach().transpose(-2, -1).reshape({-1, 8, 16});
-  const auto v3 = r.v.detach().reshape({-1, 16, 8});
-  const auto att = torch::softmax(
-      (torch::bmm(q3, kt3).view({3, 4, 16, 16}) + mask0).masked_fill(masked, -inf), -1);
-  const auto att3 = att.reshape({-1, 16, 16});
-  torch::manual_seed(8);  // LibTorch's CPU dropout: bernoulli(1 - p) / (1 - p)
-  const auto noise = torch::empty_like(att3).bernoulli_(1 - p).div_(1 - p);
-  const auto g3 = g.reshape({-1, 16, 8});
-  for (const auto c : quantized_codecs) {
-    for (const bool soft : {true, false}) {
-      for (const bool mat : {true, false}) {
-        if (!soft && !mat) continue;
-        CAPTURE(c);
-        CAPTURE(soft);
-        CAPTURE(mat);
-        auto dec = [&](const torch::Tensor& t, bool on) { return on ? oracle_codec(t, c) : t; };
-        const auto a_ = dec(att3, soft), q_ = dec(q3, mat), k_ = dec(kt3, mat), v_ = dec(v3, mat);
-        const auto gv = (a_ * noise).transpose(1, 2).bmm(g3);
-        const auto gs =
-            at::_softmax_backward_data(g3.bmm(v_.transpose(1, 2)) * noise, a_, -1, torch::kFloat)
-                .view({3, 4, 16, 16})
-                .masked_fill(masked, 0);
-        const auto gmask = gs.sum(std::vector<std::int64_t>{0, 1});
-        const auto gs3 = gs.view({-1, 16, 16});
-        const auto gq = gs3.bmm(k_.transpose(1, 2)) * (1.0 / std::sqrt(8.0));
-        const auto gk = q_.transpose(1, 2).bmm(gs3).view({3, 4, 8, 16}).transpose(-2, -1);
-        const auto want = torch::stack({gq.view({3, 4, 16, 8}), gk, gv.view({3, 4, 16, 8})})
-                              .permute({1, 3, 0, 2, 4})
-                              .reshape({3, 16, 96});
-        qkv_views a(base);
-        const auto m = mask0.clone().requires_grad_(true);
-        const auto before = dt::live_saved_bytes();
-        torch::manual_seed(8);
-        const auto y = dt::attention(a.q, a.k, a.v, soft ? store_policy(c) : dt::policy{},
-                                     mat ? store_policy(c) : dt::policy{}, {m, masked, p, true});
-        CHECK(torch::equal(y, yr));
-        const auto after = dt::live_saved_bytes();
-        CHECK(after.sparse - before.sparse ==
-              (soft ? coded_bytes(att3.numel()) : 0) + (mat ? 3 * coded_bytes(q3.numel()) : 0));
-        CHECK(after.masks - before.masks == static_cast<std::size_t>((att3.numel() + 31) / 32 * 4));
-        y.backward(g);
-        CHECK(rel_diff(a.qkv.grad(), want) < 1e-6);
-        CHECK(rel_diff(m.grad(), gmask) < 1e-6);
-      }
-    }
-  }
+  // int8 / e4m3, each class alone and both: LibTorch's formulas on the decoded tensors.
+  check_attention_codecs(base, g, yr, mask0, masked, p);
 }
 
 TEST_CASE("torch store: MultiheadAttention keeps its attention through the codec") {
