@@ -17,6 +17,7 @@
 
 #include <dropit/torch/modules.hpp>
 #include <dropit/torch/multihead_attention.hpp>
+#include <dropit/torch/transformer.hpp>
 #include <dropit/torch/policy.hpp>
 #include <dropit/torch/store_modules.hpp>
 

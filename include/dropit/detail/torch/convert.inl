@@ -36,6 +36,14 @@ inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, cons
       dynamic_cast<const store_layer*>(m.get()) != nullptr) {
     return false;
   }
+  // LibTorch's encoder modules call their members through holder types: replaced whole, their
+  // dropit submodules then get the policy and the store options below.
+  if ((p.active() || o.store.any()) && !excluded &&
+      (replace_as<TransformerEncoderImpl, ::torch::nn::TransformerEncoderImpl>(m, p, out) ||
+       replace_as<TransformerEncoderLayerImpl, ::torch::nn::TransformerEncoderLayerImpl>(m, p,
+                                                                                         out))) {
+    return true;
+  }
   const bool weights =
       p.active() &&
       (replace_as<LinearImpl, ::torch::nn::LinearImpl>(m, p, out) ||
