@@ -4,10 +4,8 @@
 #include <dropit/error.hpp>
 
 #include <ATen/ATen.h>
-#include <torch/nn/functional/dropout.h>
 
 #include <cmath>
-#include <limits>
 #include <sstream>
 
 namespace dropit::torch {
@@ -143,39 +141,25 @@ inline std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::forward(
     mask = detail::padded_mask(mask);
     padding = detail::padded_mask(padding);
   }
-  at::Tensor weights, out;
-  if (ps.active() || pm.active() || bits) {
-    // Heads as a dimension of their own, so that the padding mask broadcasts: [N, heads, *, *].
-    const auto heads_apart = [&](const at::Tensor& t) {
-      return t.view({bsz, heads, t.size(1), head_dim});
-    };
-    attention_options o;
-    o.mask = mask;  // [L, S]: broadcast over batch and heads, as LibTorch's unsqueeze(0)
-    if (padding.defined()) o.masked = padding.view({bsz, 1, 1, src_len});
-    o.dropout = is_training() ? options.dropout() : 0.0;
-    o.dropout_bits = bits;
-    const auto r =
-        detail::attention_with_weights(heads_apart(q), heads_apart(k), heads_apart(v), ps, pm, o);
-    out = r.first.view({bsz * heads, tgt_len, head_dim});
-    weights = r.second.view({bsz * heads, tgt_len, src_len});
-  } else {
-    weights = at::bmm(q, k.transpose(1, 2));
-    if (mask.defined()) weights += mask.unsqueeze(0);  // as LibTorch's module: added, any dtype
-    if (padding.defined()) {
-      weights = weights.view({bsz, heads, tgt_len, src_len})
-                    .masked_fill(padding.unsqueeze(1).unsqueeze(2),
-                                 -std::numeric_limits<double>::infinity())
-                    .view({bsz * heads, tgt_len, src_len});
-    }
-    namespace F = ::torch::nn::functional;
-    weights = F::dropout(at::softmax(weights, -1),
-                         F::DropoutFuncOptions().p(options.dropout()).training(is_training()));
-    out = at::bmm(weights, v);
-  }
-  out = out.transpose(0, 1).contiguous().view({tgt_len, bsz, e});
+  // Heads as a dimension of their own, so that the padding mask broadcasts: [N, heads, *, *].
+  // With no store and no dropout bits, attention_with_weights runs LibTorch's ops (no pack).
+  const auto heads_apart = [&](const at::Tensor& t) {
+    return t.view({bsz, heads, t.size(1), head_dim});
+  };
+  attention_options o;
+  o.mask = mask;  // [L, S]: broadcast over batch and heads, as LibTorch's unsqueeze(0)
+  if (padding.defined()) o.masked = padding.view({bsz, 1, 1, src_len});
+  o.dropout = is_training() ? options.dropout() : 0.0;
+  o.dropout_bits = bits;
+  const auto r =
+      detail::attention_with_weights(heads_apart(q), heads_apart(k), heads_apart(v), ps, pm, o);
+  at::Tensor out = r.first.view({bsz * heads, tgt_len, head_dim})
+                       .transpose(0, 1)
+                       .contiguous()
+                       .view({tgt_len, bsz, e});
   out = project(out, out_proj->weight, out_proj->bias);
   if (!need_weights) return {out, at::Tensor()};
-  weights = weights.view({bsz, heads, tgt_len, src_len});
+  at::Tensor weights = r.second;  // [N, heads, L, S]
   if (average_attn_weights) weights = weights.sum(1) / heads;
   return {out, weights};
 }
