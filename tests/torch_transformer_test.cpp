@@ -1,7 +1,8 @@
-// dropit::torch::TransformerEncoder and TransformerEncoderLayer: LibTorch's modules on dropit's.
-// Oracles: LibTorch's own nn::TransformerEncoder (identity policy with every store class on and
-// the exact codec: every output and gradient), and, with MinK, what DropIT leaves exact: the
-// output, the input gradient and every gradient but the Linear / projection weights'.
+// dropit::torch::TransformerEncoder(Layer) and TransformerDecoder(Layer): LibTorch's modules on
+// dropit's. Oracles: LibTorch's own nn::TransformerEncoder / Decoder / Transformer (identity policy
+// with every store class on and the exact codec: every output and gradient), and, with MinK, what
+// DropIT leaves exact: the output, the input gradients and every gradient but the Linear /
+// projection weights'.
 #include <dropit/torch.hpp>
 
 #include "torch_test_support.hpp"
@@ -71,6 +72,26 @@ bool sparsified_weight(const std::string& name) {
   return false;
 }
 
+/// got's output and gradients equal want's within tol, except the sparsified weights' (which
+/// must differ by more than 1e-3) when `sparsified` is true; returns how many those were.
+int check_against(const run_result& got, const run_result& want, bool sparsified, double tol) {
+  CHECK(rel_diff(got.out, want.out) <= tol);
+  REQUIRE(got.grads.size() == want.grads.size());
+  int n = 0;
+  for (const auto& [key, g] : want.grads) {
+    CAPTURE(key);
+    REQUIRE(got.grads.count(key) == 1);
+    REQUIRE(g.defined());
+    if (sparsified && sparsified_weight(key)) {
+      ++n;
+      CHECK(rel_diff(got.grads.at(key), g) > 1e-3);
+    } else {
+      CHECK(rel_diff(got.grads.at(key), g) <= tol);
+    }
+  }
+  return n;
+}
+
 std::set<std::string> names_of(const torch::OrderedDict<std::string, torch::Tensor>& d) {
   std::set<std::string> s;
   for (const auto& item : d)
@@ -101,14 +122,7 @@ TEST_CASE("torch: TransformerEncoder with identity and the exact store equals Li
       const run_result got = run(*ours);
       CHECK(dt::live_saved_bytes().sparse == before.sparse);  // released after backward
       CHECK(dt::live_saved_bytes().masks == before.masks);
-      CHECK(rel_diff(got.out, want.out) <= 1e-12);
-      REQUIRE(got.grads.size() == want.grads.size());
-      for (const auto& [key, g] : want.grads) {
-        CAPTURE(key);
-        REQUIRE(got.grads.count(key) == 1);
-        REQUIRE(g.defined());
-        CHECK(rel_diff(got.grads.at(key), g) <= 1e-12);
-      }
+      check_against(got, want, false, 1e-12);
     }
   }
 }
@@ -129,19 +143,8 @@ TEST_CASE("torch: TransformerEncoder with MinK changes only the sparsified weigh
   }
   const run_result want = run(*plain);
   const run_result got = run(*ours);
-  CHECK(rel_diff(got.out, want.out) <= 1e-12);
-  int sparsified = 0;
-  for (const auto& [key, g] : want.grads) {
-    CAPTURE(key);
-    REQUIRE(got.grads.count(key) == 1);
-    if (sparsified_weight(key)) {
-      ++sparsified;
-      CHECK(rel_diff(got.grads.at(key), g) > 1e-3);
-    } else {
-      CHECK(rel_diff(got.grads.at(key), g) <= 1e-10);  // input, biases, LayerNorms: exact
-    }
-  }
-  CHECK(sparsified == 8);  // 2 layers x (in_proj, out_proj, linear1, linear2)
+  // Input, biases, LayerNorms exact; 2 layers x (in_proj, out_proj, linear1, linear2) differ.
+  CHECK(check_against(got, want, true, 1e-10) == 8);
 }
 
 TEST_CASE("torch: TransformerEncoder in eval, no-grad; a fresh layer; clone and printing") {
@@ -193,4 +196,171 @@ TEST_CASE("torch: TransformerEncoder in eval, no-grad; a fresh layer; clone and 
   layer0.pretty_print(printed);
   CHECK(printed.str() ==
         "dropit::torch::TransformerEncoderLayer(d_model=8, nhead=2, policy=mink(0.9))");
+}
+
+// ---- decoder -----------------------------------------------------------------------------------
+
+namespace {
+
+nn::TransformerDecoderLayerOptions decoder_layer_options(bool gelu, double dropout) {
+  auto o = nn::TransformerDecoderLayerOptions(8, 2).dim_feedforward(16).dropout(dropout);
+  if (gelu) o.activation(torch::kGELU);
+  return o;
+}
+
+/// Two decoder layers and a final LayerNorm, fp64.
+nn::TransformerDecoder make_plain_decoder(bool gelu, double dropout) {
+  torch::manual_seed(31);
+  nn::TransformerDecoder d(nn::TransformerDecoderOptions(
+                               nn::TransformerDecoderLayer(decoder_layer_options(gelu, dropout)), 2)
+                               .norm(nn::AnyModule(nn::LayerNorm(nn::LayerNormOptions({8})))));
+  d->to(torch::kDouble);
+  return d;
+}
+
+/// forward(tgt [5, 3, 8], memory [6, 3, 8], both float masks, both padding masks) after seed 33
+/// and a backward of a fixed random projection of the output; gradients of the parameters, "tgt"
+/// and "memory".
+template <class Module>
+run_result run_decoder(Module& m) {
+  torch::manual_seed(32);
+  const auto tgt = torch::randn({5, 3, 8}, torch::kDouble).requires_grad_(true);
+  const auto memory = torch::randn({6, 3, 8}, torch::kDouble).requires_grad_(true);
+  const auto tgt_mask = torch::randn({5, 5}, torch::kDouble);
+  const auto memory_mask = torch::randn({5, 6}, torch::kDouble);
+  auto tgt_padding = torch::zeros({3, 5}, torch::kBool);
+  tgt_padding.index_put_({2, 3}, true);
+  auto memory_padding = torch::zeros({3, 6}, torch::kBool);
+  memory_padding.index_put_({0, 5}, true);
+  torch::manual_seed(33);
+  const auto out = m.forward(tgt, memory, tgt_mask, memory_mask, tgt_padding, memory_padding);
+  torch::manual_seed(34);
+  (out * torch::randn(out.sizes(), torch::kDouble)).sum().backward();
+  run_result r{out.detach(), {}};
+  for (const auto& p : m.named_parameters())
+    r.grads[p.key()] = p.value().grad();
+  r.grads["tgt"] = tgt.grad();
+  r.grads["memory"] = memory.grad();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("torch: TransformerDecoder with identity and the exact store equals LibTorch's") {
+  for (const bool gelu : {false, true}) {
+    for (const double dropout : {0.0, 0.2}) {
+      CAPTURE(gelu);
+      CAPTURE(dropout);
+      auto plain = make_plain_decoder(gelu, dropout);
+      nn::ModuleList list(plain->clone());
+      dt::convert_options o;
+      o.store = dt::store_options::all(dropit::value_codec::exact);
+      const auto report = dt::to_dropit(*list, make_policy(dt::policy_kind::identity), o);
+      CHECK(report.replaced == 1);
+      auto* ours = list[0]->as<dt::TransformerDecoderImpl>();
+      REQUIRE(ours != nullptr);
+      CHECK(names_of(ours->named_parameters()) == names_of(plain->named_parameters()));
+      auto& layer1 = ours->layers->at<dt::TransformerDecoderLayerImpl>(1);
+      CHECK(layer1.multihead_attn->get_store().softmax);
+      CHECK(layer1.dropout3->get_store().dropout);
+      const auto before = dt::live_saved_bytes();
+      const run_result want = run_decoder(*plain);
+      const run_result got = run_decoder(*ours);
+      CHECK(dt::live_saved_bytes().total() == before.total());  // released after backward
+      check_against(got, want, false, 1e-12);
+    }
+  }
+}
+
+TEST_CASE("torch: TransformerDecoder with MinK changes only the sparsified weight gradients") {
+  auto plain = make_plain_decoder(false, 0.1);
+  dt::TransformerDecoder ours(*plain->clone()->as<nn::TransformerDecoderImpl>(),
+                              make_policy(dt::policy_kind::mink, 0.9));
+  const run_result want = run_decoder(*plain);
+  const run_result got = run_decoder(*ours);
+  // 2 layers x (self-attention in/out, memory attention in/out, linear1, linear2).
+  CHECK(check_against(got, want, true, 1e-10) == 12);
+}
+
+TEST_CASE("torch: to_dropit on nn::Transformer replaces its encoder and decoder in place") {
+  torch::manual_seed(41);
+  nn::Transformer plain(nn::TransformerOptions(8, 2, 2, 1).dim_feedforward(16).dropout(0.1));
+  plain->to(torch::kDouble);
+  nn::Transformer ours(nn::TransformerOptions(8, 2, 2, 1).dim_feedforward(16).dropout(0.1));
+  ours->to(torch::kDouble);
+  for (const auto& p : plain->named_parameters()) {
+    torch::NoGradGuard no_grad;
+    ours->named_parameters()[p.key()].copy_(p.value());
+  }
+  const auto report = dt::to_dropit(*ours, make_policy(dt::policy_kind::mink, 0.9));
+  CHECK(report.replaced == 2);
+  REQUIRE(ours->encoder.ptr()->as<dt::TransformerEncoderImpl>() != nullptr);
+  REQUIRE(ours->decoder.ptr()->as<dt::TransformerDecoderImpl>() != nullptr);
+  CHECK(names_of(ours->named_parameters()) == names_of(plain->named_parameters()));
+  const auto run_transformer = [](nn::Transformer& t) {
+    torch::manual_seed(42);
+    const auto src = torch::randn({6, 3, 8}, torch::kDouble).requires_grad_(true);
+    const auto tgt = torch::randn({5, 3, 8}, torch::kDouble).requires_grad_(true);
+    const auto tgt_mask =
+        nn::TransformerImpl::generate_square_subsequent_mask(5).to(torch::kDouble);
+    torch::manual_seed(43);
+    const auto out = t->forward(src, tgt, {}, tgt_mask);
+    torch::manual_seed(44);
+    (out * torch::randn(out.sizes(), torch::kDouble)).sum().backward();
+    run_result r{out.detach(), {}};
+    for (const auto& p : t->named_parameters())
+      r.grads[p.key()] = p.value().grad();
+    r.grads["src"] = src.grad();
+    r.grads["tgt"] = tgt.grad();
+    return r;
+  };
+  const auto before = dt::live_saved_bytes();
+  const run_result want = run_transformer(plain);
+  const run_result got = run_transformer(ours);
+  CHECK(dt::live_saved_bytes().total() == before.total());
+  // Encoder: 2 layers x 4 sparsified weights; decoder: 1 layer x 6.
+  CHECK(check_against(got, want, true, 1e-10) == 14);
+  // LibTorch's Transformer::clone rebuilds standard submodules and refuses to clone ours into
+  // them: an error, documented in to_dropit's comment.
+  CHECK_THROWS_AS((void)ours->clone(), c10::Error);
+}
+
+TEST_CASE("torch: TransformerDecoderLayer: a fresh layer, eval, clone and printing") {
+  // A fresh layer makes LibTorch's parameters after the same seed, under LibTorch's names.
+  torch::manual_seed(51);
+  nn::TransformerDecoderLayer standard(decoder_layer_options(true, 0.1));
+  torch::manual_seed(51);
+  dt::TransformerDecoderLayer fresh(decoder_layer_options(true, 0.1),
+                                    make_policy(dt::policy_kind::mink, 0.9));
+  REQUIRE(names_of(fresh->named_parameters()) == names_of(standard->named_parameters()));
+  for (const auto& p : standard->named_parameters()) {
+    CAPTURE(p.key());
+    CHECK(torch::equal(fresh->named_parameters()[p.key()], p.value()));
+  }
+  // Eval: LibTorch's output, nothing saved.
+  standard->eval();
+  fresh->eval();
+  torch::manual_seed(52);
+  const auto tgt = torch::randn({4, 2, 8}).requires_grad_(true);
+  const auto memory = torch::randn({3, 2, 8});
+  const auto before = dt::live_saved_bytes();
+  const auto got = fresh->forward(tgt, memory);
+  CHECK(dt::live_saved_bytes().total() == before.total());
+  CHECK(rel_diff(got, standard->forward(tgt, memory)) <= 1e-6);
+  // A deep clone keeps every policy.
+  const auto copy = std::dynamic_pointer_cast<dt::TransformerDecoderLayerImpl>(fresh->clone());
+  REQUIRE(copy != nullptr);
+  CHECK_FALSE(copy->multihead_attn->in_proj_weight.is_same(fresh->multihead_attn->in_proj_weight));
+  CHECK(torch::equal(copy->multihead_attn->in_proj_weight, fresh->multihead_attn->in_proj_weight));
+  CHECK(copy->multihead_attn->get_policy().gamma == 0.9);
+  CHECK(copy->linear2->get_policy().gamma == 0.9);
+  CHECK_FALSE(copy->is_training());
+  std::ostringstream printed;
+  copy->pretty_print(printed);
+  CHECK(printed.str() ==
+        "dropit::torch::TransformerDecoderLayer(d_model=8, nhead=2, policy=mink(0.9))");
+  // A decoder whose layers are not decoder layers is refused.
+  nn::TransformerDecoder wrong(nn::TransformerDecoderOptions(standard, 1));
+  wrong->layers->push_back(nn::Linear(8, 8));
+  CHECK_THROWS_AS((void)dt::TransformerDecoder(*wrong), dropit::error);
 }

@@ -17,9 +17,9 @@
 
 #include <dropit/torch/modules.hpp>
 #include <dropit/torch/multihead_attention.hpp>
-#include <dropit/torch/transformer.hpp>
 #include <dropit/torch/policy.hpp>
 #include <dropit/torch/store_modules.hpp>
+#include <dropit/torch/transformer.hpp>
 
 #include <torch/nn/module.h>
 
@@ -77,8 +77,10 @@ struct convert_report {
 
 /**
  * @brief Sets every dropit layer under `root` (root included) to `p`, except excluded ones, and
- * first replaces standard layers in `Sequential`/`ModuleList` containers (sharing their parameter
- * tensors, so an optimizer built before keeps working). With `p.kind == none` no Linear, Conv2d,
+ * first replaces standard layers in `Sequential`/`ModuleList` containers and the encoder and
+ * decoder of a `torch::nn::Transformer` (sharing their parameter tensors, so an optimizer built
+ * before keeps working; LibTorch's `Transformer::clone` then throws, its reset building standard
+ * modules to clone into). With `p.kind == none` no Linear, Conv2d,
  * ReLU or pooling is replaced; store modules follow `options.store` either way.
  * @throw dropit::error if p's gamma is outside [0, 1], or a `layer_gamma` key names no module or
  * its gamma is outside [0, 1]; nothing is changed then.

@@ -1,17 +1,20 @@
 /**
  * @file transformer.hpp
- * @brief `TransformerEncoderLayer` and `TransformerEncoder`: LibTorch's modules with every part
- * through dropit.
+ * @brief `TransformerEncoderLayer`, `TransformerEncoder`, `TransformerDecoderLayer` and
+ * `TransformerDecoder`: LibTorch's modules with every part through dropit.
  *
- * LibTorch's `TransformerEncoderLayerImpl::forward` calls its members through their holder types
- * (`MultiheadAttention`, `Linear`, ...) and `TransformerEncoderImpl::forward` calls
- * `layers->at<TransformerEncoderLayerImpl>(i).forward(...)`; neither is virtual, so replacing the
- * members never reaches them. These modules run the same computation (post-norm: attention,
- * dropout, add, LayerNorm, then Linear, activation, dropout, Linear, dropout, add, LayerNorm) on
+ * LibTorch's `TransformerEncoderLayerImpl::forward` (and the decoder layer's) calls its members
+ * through their holder types (`MultiheadAttention`, `Linear`, ...) and `TransformerEncoderImpl::
+ * forward` calls `layers->at<TransformerEncoderLayerImpl>(i).forward(...)`; neither is virtual, so
+ * replacing the members never reaches them. These modules run the same computation (post-norm:
+ * attention, dropout, add, LayerNorm; in the decoder then the attention over the encoder's output,
+ * dropout, add, LayerNorm; then Linear, activation, dropout, Linear, dropout, add, LayerNorm) on
  * dropit's modules: `MultiheadAttention` and `Linear` (their inputs through the layer's policy),
  * `LayerNorm` and `Dropout` (through `store_options`), the activation as a 1-bit ReLU mask (policy
  * active) or GELU through the `gelu` store class. The submodules keep LibTorch's names, so
  * `named_parameters()` and `to_dropit`'s `exclude` / `layer_gamma` paths read as LibTorch's.
+ * `torch::nn::Transformer` calls its encoder and decoder through `AnyModule`s: `to_dropit` puts
+ * these modules there.
  *
  * @code
  * namespace dt = dropit::torch;
@@ -30,6 +33,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/transformercoder.h>
 #include <torch/nn/modules/transformerlayer.h>
+#include <torch/nn/options/transformerlayer.h>
 
 #include <memory>
 #include <ostream>
@@ -38,21 +42,21 @@
 
 namespace dropit::torch {
 
-// What LibTorch's FORWARD_HAS_DEFAULT_ARGS gives its encoder modules (the macro names `torch::`
-// unqualified, which means dropit::torch here): a Sequential (AnyModule) may call forward with
-// src alone, the two masks then undefined.
-#define DROPIT_DETAIL_OPTIONAL_MASKS                                 \
+// What LibTorch's FORWARD_HAS_DEFAULT_ARGS gives its encoder and decoder modules (the macro names
+// `torch::` unqualified, which means dropit::torch here): a Sequential (AnyModule) may call
+// forward with the first `required` arguments alone, the masks up to `total` then undefined.
+#define DROPIT_DETAIL_OPTIONAL_MASKS(required, total)                \
   template <typename ModuleType, typename... ArgumentTypes>          \
   friend struct ::torch::nn::AnyModuleHolder;                        \
   bool _forward_has_default_args() override {                        \
     return true;                                                     \
   }                                                                  \
   unsigned int _forward_num_required_args() override {               \
-    return 1;                                                        \
+    return required;                                                 \
   }                                                                  \
   std::vector<::torch::nn::AnyValue> _forward_populate_default_args( \
       std::vector<::torch::nn::AnyValue>&& arguments) override {     \
-    while (arguments.size() < 3)                                     \
+    while (arguments.size() < (total))                               \
       arguments.emplace_back(at::Tensor());                          \
     return std::move(arguments);                                     \
   }
@@ -101,10 +105,7 @@ class TransformerEncoderLayerImpl : public ::torch::nn::Cloneable<TransformerEnc
   Dropout dropout2 = nullptr;  ///< on the feed-forward's output
 
  protected:
-  DROPIT_DETAIL_OPTIONAL_MASKS
-
- private:
-  [[nodiscard]] at::Tensor activation(const at::Tensor& x);
+  DROPIT_DETAIL_OPTIONAL_MASKS(1, 3)
 };
 
 /// @brief Module holder of `TransformerEncoderLayerImpl`.
@@ -144,11 +145,10 @@ class TransformerEncoderImpl : public ::torch::nn::Cloneable<TransformerEncoderI
   ::torch::nn::AnyModule norm;               ///< the final norm, if any
 
  protected:
-  DROPIT_DETAIL_OPTIONAL_MASKS
+  DROPIT_DETAIL_OPTIONAL_MASKS(1, 3)
 
  private:
   TransformerEncoderImpl() = default;
-  void take_over(const standard_type& other, const policy& p);
 };
 
 /// @brief Module holder of `TransformerEncoderImpl`.
@@ -156,6 +156,110 @@ class TransformerEncoder : public ::torch::nn::ModuleHolder<TransformerEncoderIm
  public:
   using ::torch::nn::ModuleHolder<TransformerEncoderImpl>::ModuleHolder;
   using Impl = TransformerEncoderImpl;  ///< the module type
+};
+
+/**
+ * @brief `torch::nn::TransformerDecoderLayer` on dropit's modules: self-attention, attention over
+ * the encoder's output (`memory`), feed-forward, each followed by dropout, add and LayerNorm (see
+ * the file comment). The layer's policy governs its ReLU mask.
+ */
+class TransformerDecoderLayerImpl : public ::torch::nn::Cloneable<TransformerDecoderLayerImpl>,
+                                    public layer,
+                                    public store_layer {
+ public:
+  /// LibTorch's module this one stands in for.
+  using standard_type = ::torch::nn::TransformerDecoderLayerImpl;
+
+  /// @brief New parameters, as LibTorch's module makes them; every submodule with p and s.
+  explicit TransformerDecoderLayerImpl(const ::torch::nn::TransformerDecoderLayerOptions& options,
+                                       const policy& p = {}, const store_options& s = {});
+  /// @brief Takes over a standard layer: the SAME parameter tensors, options and training mode;
+  /// attention and Linear layers with p.
+  explicit TransformerDecoderLayerImpl(const standard_type& other, const policy& p = {});
+
+  /// @brief Builds the submodules from `options` (new parameters).
+  void reset() override;
+  /**
+   * @brief As LibTorch's forward: tgt [T, N, E], memory [S, N, E], additive masks `tgt_mask`
+   * [T, T] and `memory_mask` [T, S], bool padding masks [N, T] and [N, S], the masks optional.
+   */
+  at::Tensor forward(const at::Tensor& tgt, const at::Tensor& memory,
+                     const at::Tensor& tgt_mask = {}, const at::Tensor& memory_mask = {},
+                     const at::Tensor& tgt_key_padding_mask = {},
+                     const at::Tensor& memory_key_padding_mask = {});
+  /// @brief A deep copy (new parameter tensors), policies, opt-outs and store options included.
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  /// @brief "dropit::torch::TransformerDecoderLayer(d_model=.., nhead=.., policy=..)".
+  void pretty_print(std::ostream& stream) const override;
+
+  ::torch::nn::TransformerDecoderLayerOptions options;  ///< LibTorch's options
+  MultiheadAttention self_attn = nullptr;               ///< the self-attention
+  Dropout dropout1 = nullptr;                           ///< on the self-attention's output
+  LayerNorm norm1 = nullptr;                            ///< after the self-attention block
+  MultiheadAttention multihead_attn = nullptr;          ///< the attention over memory
+  Dropout dropout2 = nullptr;                           ///< on its output
+  LayerNorm norm2 = nullptr;                            ///< after the memory attention block
+  Linear linear1 = nullptr;    ///< feed-forward, d_model -> dim_feedforward
+  Dropout dropout = nullptr;   ///< after the activation
+  Linear linear2 = nullptr;    ///< feed-forward, back to d_model
+  Dropout dropout3 = nullptr;  ///< on the feed-forward's output
+  LayerNorm norm3 = nullptr;   ///< after the feed-forward block
+
+ protected:
+  DROPIT_DETAIL_OPTIONAL_MASKS(2, 6)
+};
+
+/// @brief Module holder of `TransformerDecoderLayerImpl`.
+class TransformerDecoderLayer : public ::torch::nn::ModuleHolder<TransformerDecoderLayerImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<TransformerDecoderLayerImpl>::ModuleHolder;
+  using Impl = TransformerDecoderLayerImpl;  ///< the module type
+};
+
+/**
+ * @brief `torch::nn::TransformerDecoder` whose layers are `TransformerDecoderLayer`s (the final
+ * norm as in `TransformerEncoder`).
+ */
+class TransformerDecoderImpl : public ::torch::nn::Cloneable<TransformerDecoderImpl> {
+ public:
+  /// LibTorch's module this one stands in for.
+  using standard_type = ::torch::nn::TransformerDecoderImpl;
+
+  /// @brief As LibTorch's: `num_layers` copies of `decoder_layer`, attention and Linear with p.
+  explicit TransformerDecoderImpl(const ::torch::nn::TransformerDecoderOptions& options,
+                                  const policy& p = {});
+  /// @brief Takes over a standard decoder: the SAME parameter tensors, options, training mode.
+  explicit TransformerDecoderImpl(const standard_type& other, const policy& p = {});
+
+  /// @brief Nothing to build: the layers come from the constructors.
+  void reset() override {}
+  /// @brief As LibTorch's forward: every layer in turn, then the norm if there is one.
+  at::Tensor forward(const at::Tensor& tgt, const at::Tensor& memory,
+                     const at::Tensor& tgt_mask = {}, const at::Tensor& memory_mask = {},
+                     const at::Tensor& tgt_key_padding_mask = {},
+                     const at::Tensor& memory_key_padding_mask = {});
+  /// @brief A deep copy of every layer and the norm.
+  [[nodiscard]] std::shared_ptr<::torch::nn::Module> clone(
+      const c10::optional<c10::Device>& device = c10::nullopt) const override;
+  /// @brief "dropit::torch::TransformerDecoder(num_layers=..)".
+  void pretty_print(std::ostream& stream) const override;
+
+  ::torch::nn::ModuleList layers = nullptr;  ///< the `TransformerDecoderLayer`s
+  ::torch::nn::AnyModule norm;               ///< the final norm, if any
+
+ protected:
+  DROPIT_DETAIL_OPTIONAL_MASKS(2, 6)
+
+ private:
+  TransformerDecoderImpl() = default;
+};
+
+/// @brief Module holder of `TransformerDecoderImpl`.
+class TransformerDecoder : public ::torch::nn::ModuleHolder<TransformerDecoderImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<TransformerDecoderImpl>::ModuleHolder;
+  using Impl = TransformerDecoderImpl;  ///< the module type
 };
 
 #undef DROPIT_DETAIL_OPTIONAL_MASKS

@@ -4,8 +4,10 @@
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/transformer.h>
 
 #include <memory>
+#include <utility>
 
 namespace dropit::torch {
 namespace detail {
@@ -36,11 +38,14 @@ inline bool make_replacement(const std::shared_ptr<::torch::nn::Module>& m, cons
       dynamic_cast<const store_layer*>(m.get()) != nullptr) {
     return false;
   }
-  // LibTorch's encoder modules call their members through holder types: replaced whole, their
-  // dropit submodules then get the policy and the store options below.
+  // LibTorch's encoder and decoder modules call their members through holder types: replaced
+  // whole, their dropit submodules then get the policy and the store options below.
   if ((p.active() || o.store.any()) && !excluded &&
       (replace_as<TransformerEncoderImpl, ::torch::nn::TransformerEncoderImpl>(m, p, out) ||
        replace_as<TransformerEncoderLayerImpl, ::torch::nn::TransformerEncoderLayerImpl>(m, p,
+                                                                                         out) ||
+       replace_as<TransformerDecoderImpl, ::torch::nn::TransformerDecoderImpl>(m, p, out) ||
+       replace_as<TransformerDecoderLayerImpl, ::torch::nn::TransformerDecoderLayerImpl>(m, p,
                                                                                          out))) {
     return true;
   }
@@ -170,6 +175,20 @@ inline void convert(::torch::nn::Module& m, const std::string& path, const polic
         ++r.replaced;
       }
       if (p.active() && o.masks && o.fuse_pool_relu) fuse_pool_relu(*seq, path, excluded, r);
+    } else if (auto* t = dynamic_cast<::torch::nn::TransformerImpl*>(&m)) {
+      // nn::Transformer calls its encoder and decoder through AnyModules: replaced in place.
+      for (auto [name, any] :
+           {std::pair{"encoder", &t->encoder}, std::pair{"decoder", &t->decoder}}) {
+        replacement rep;
+        if (any->is_empty() ||
+            !make_replacement(any->ptr(), p, o, excluded(child_path(path, name), *any->ptr()),
+                              rep)) {
+          continue;
+        }
+        *any = std::move(rep.any);
+        t->replace_module(name, rep.module);
+        ++r.replaced;
+      }
     } else if (auto* list = dynamic_cast<::torch::nn::ModuleListImpl*>(&m)) {
       const auto names = list->named_children();
       std::size_t i = 0;
