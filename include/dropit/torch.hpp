@@ -12,7 +12,7 @@
  * | torch/multihead_attention.hpp | `MultiheadAttention`: projections, attention via dropit |
  * | torch/store.hpp | `layer_norm`, `batch_norm`, `gelu`, `activation`, ... through a codec |
  * | torch/store_modules.hpp | `LayerNorm`, `BatchNorm1d/2d/3d`, `GELU`, `SiLU`, ..., `Dropout` |
- * | torch/transformer.hpp | `TransformerEncoderLayer`, `TransformerEncoder` on dropit's modules |
+ * | torch/transformer.hpp | `Transformer{Encoder,Decoder}[Layer]` on dropit's modules |
  * | torch/convert.hpp | `to_dropit(module, policy, {.store = ...})` |
  * | torch/counting_allocator.hpp | `counting_allocator`, `cpu_allocator_guard` |
  * | torch/memory_resource.hpp | `cpu_resource()`: payloads from LibTorch's CPU allocator |
