@@ -600,6 +600,36 @@ TEST_CASE("torch store: attention with masks and dropout is LibTorch's, through 
       CHECK(torch::equal(m.grad(), mr.grad()));
     }
   }
+  // The module: the same in training (noise as bits with the dropout class: 4 bytes per 32
+  // weights, released after backward), no dropout and nothing saved in eval.
+  for (const char* classes : {"softmax,matmul,dropout", "softmax,matmul", ""}) {
+    CAPTURE(classes);
+    dt::SoftmaxAttention module(p, dt::store_options::parse(classes, dropit::value_codec::exact));
+    qkv_views a(base);
+    const auto m = mask0.clone().requires_grad_(true);
+    const auto before = dt::live_saved_bytes();
+    torch::manual_seed(8);
+    const auto y = module->forward(a.q, a.k, a.v, m, masked);
+    const std::size_t noise_bytes = (3 * 4 * 16 * 16 + 31) / 32 * 4;  // the weights' noise
+    CHECK(dt::live_saved_bytes().masks - before.masks ==
+          (module->get_store().dropout ? noise_bytes : 0));
+    y.backward(g);
+    CHECK(dt::live_saved_bytes().total() == before.total());
+    CHECK(torch::equal(y, yr));
+    CHECK(torch::equal(a.qkv.grad(), r.qkv.grad()));
+    CHECK(torch::equal(m.grad(), mr.grad()));
+    module->eval();
+    torch::NoGradGuard no_grad;
+    const auto ye = module->forward(a.q, a.k, a.v, mask0, masked);
+    CHECK(dt::live_saved_bytes().total() == before.total());
+    CHECK(torch::equal(ye, torch::matmul(torch::softmax(scores_r.detach(), -1), r.v.detach())));
+  }
+  std::ostringstream printed;
+  printed << *dt::SoftmaxAttention(0.25, dt::store_options::parse("softmax,dropout"));
+  CHECK(printed.str() ==
+        "dropit::torch::SoftmaxAttention(dropout=0.25, softmax store=int8, matmul store=off, "
+        "dropout store=bits)");
+  CHECK_THROWS_AS((void)dt::SoftmaxAttention(1.5), dropit::error);
   // int8 / e4m3, each class alone and both: LibTorch's formulas on the decoded tensors.
   check_attention_codecs(base, g, yr, mask0, masked, p);
 }

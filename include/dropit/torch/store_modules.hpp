@@ -3,8 +3,8 @@
  * @brief Modules that keep the tensors DropIT leaves dense through a codec (store.hpp):
  * `LayerNorm`, `BatchNorm1d/2d/3d`, `GELU`, the activations `SiLU`, `Mish`, `ELU`, `CELU`,
  * `Softplus`, `Tanh`, `Sigmoid`, `Softmax`, `Dropout` (drop-in for LibTorch's,
- * parameters shared when made from one) and `SoftmaxAttention` (`softmax(q k^T) v`, for attention
- * code written by hand).
+ * parameters shared when made from one) and `SoftmaxAttention` (`softmax(q k^T + mask) v` with
+ * dropout, for attention code written by hand).
  *
  * Each holds `store_options` and uses its own class of them (LayerNorm: `layernorm`; attention:
  * `softmax` and `matmul`; ...); all off by default, so a module behaves as LibTorch's until
@@ -250,17 +250,28 @@ class DropoutImpl : public ::torch::nn::DropoutImpl, public store_layer {
   void pretty_print(std::ostream& stream) const override;
 };
 
-/// @brief `softmax(q k^T) v` (store.hpp's `attention`) with the softmax output following
-/// `store_options::softmax` and q, k, v `store_options::matmul`. No parameters.
+/// @brief `softmax(q k^T + mask) v` (store.hpp's `attention`) with dropout of the weights in
+/// training; the softmax output follows `store_options::softmax`, q, k, v `store_options::matmul`
+/// and the dropout's noise `store_options::dropout` (1 bit per element). No parameters.
 class SoftmaxAttentionImpl : public ::torch::nn::Cloneable<SoftmaxAttentionImpl>,
                              public store_layer {
  public:
   explicit SoftmaxAttentionImpl(const store_options& s = {}) : store_layer(s) {}
+  /// @brief With `dropout` (in [0, 1]) on the attention weights in training.
+  /// @throw dropit::error if dropout is outside [0, 1].
+  explicit SoftmaxAttentionImpl(double dropout, const store_options& s = {});
 
   void reset() override {}
-  /// @brief q [..., t, d] (scaled), k [..., s, d], v [..., s, e] -> [..., t, e].
-  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+  /**
+   * @brief q [..., t, d] (scaled), k [..., s, d], v [..., s, e] -> [..., t, e]; an additive
+   * `mask` and a bool `masked` (true: -inf, as key padding), both optional and broadcast to
+   * [..., t, s].
+   */
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& mask = {}, const at::Tensor& masked = {});
   void pretty_print(std::ostream& stream) const override;
+
+  double dropout = 0;  ///< dropout of the attention weights in training
 };
 
 /// @brief Holder of `LayerNormImpl`.

@@ -230,18 +230,33 @@ inline void DropoutImpl::pretty_print(std::ostream& stream) const {
 
 // ---- SoftmaxAttention ----------------------------------------------------------------------
 
+inline SoftmaxAttentionImpl::SoftmaxAttentionImpl(double dropout_, const store_options& s)
+    : store_layer(s), dropout(dropout_) {
+  DROPIT_EXPECTS(dropout >= 0 && dropout <= 1,
+                 "torch::SoftmaxAttention: dropout must be in [0, 1], got ", dropout);
+}
+
 inline at::Tensor SoftmaxAttentionImpl::forward(const at::Tensor& q, const at::Tensor& k,
-                                                const at::Tensor& v) {
+                                                const at::Tensor& v, const at::Tensor& mask,
+                                                const at::Tensor& masked) {
   const bool on = is_training();
+  attention_options o;
+  o.mask = mask;
+  o.masked = masked;
+  o.dropout = on ? dropout : 0.0;
+  o.dropout_bits = on && store_.dropout;
   return dropit::torch::attention(q, k, v, on ? store_.policy_for(store_.softmax) : policy{},
-                                  on ? store_.policy_for(store_.matmul) : policy{});
+                                  on ? store_.policy_for(store_.matmul) : policy{}, o);
 }
 
 inline void SoftmaxAttentionImpl::pretty_print(std::ostream& stream) const {
-  stream << "dropit::torch::SoftmaxAttention(softmax ";
+  stream << "dropit::torch::SoftmaxAttention(";
+  if (dropout > 0) stream << "dropout=" << dropout << ", ";
+  stream << "softmax ";
   print_store(stream, store_.softmax);
   stream << ", matmul ";
   print_store(stream, store_.matmul);
+  if (dropout > 0) stream << ", dropout store=" << (store_.dropout ? "bits" : "off");
   stream << ")";
 }
 
