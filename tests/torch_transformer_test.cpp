@@ -320,9 +320,22 @@ TEST_CASE("torch: to_dropit on nn::Transformer replaces its encoder and decoder 
   CHECK(dt::live_saved_bytes().total() == before.total());
   // Encoder: 2 layers x 4 sparsified weights; decoder: 1 layer x 6.
   CHECK(check_against(got, want, true, 1e-10) == 14);
-  // LibTorch's Transformer::clone rebuilds standard submodules and refuses to clone ours into
-  // them: an error, documented in to_dropit's comment.
-  CHECK_THROWS_AS((void)ours->clone(), c10::Error);
+  // LibTorch's Transformer::clone (its reset clones the custom encoder and decoder to_dropit
+  // named) is deep and keeps the policies: the copy runs as the original did, MinK's weight
+  // gradients included, on parameter tensors of its own.
+  nn::Transformer copy(std::dynamic_pointer_cast<nn::TransformerImpl>(ours->clone()));
+  REQUIRE(copy->encoder.ptr()->as<dt::TransformerEncoderImpl>() != nullptr);
+  REQUIRE(copy->decoder.ptr()->as<dt::TransformerDecoderImpl>() != nullptr);
+  const auto mine = ours->named_parameters();
+  for (const auto& p : copy->named_parameters()) {
+    CAPTURE(p.key());
+    REQUIRE(mine.contains(p.key()));
+    CHECK(p.value().data_ptr() != mine[p.key()].data_ptr());
+    CHECK(torch::equal(p.value(), mine[p.key()]));
+  }
+  CHECK(copy->named_parameters().size() == mine.size());
+  copy->zero_grad();
+  CHECK(check_against(run_transformer(copy), got, false, 1e-12) == 0);
 }
 
 TEST_CASE("torch: TransformerDecoderLayer: a fresh layer, eval, clone and printing") {

@@ -79,8 +79,9 @@ struct convert_report {
  * @brief Sets every dropit layer under `root` (root included) to `p`, except excluded ones, and
  * first replaces standard layers in `Sequential`/`ModuleList` containers and the encoder and
  * decoder of a `torch::nn::Transformer` (sharing their parameter tensors, so an optimizer built
- * before keeps working; LibTorch's `Transformer::clone` then throws, its reset building standard
- * modules to clone into). With `p.kind == none` no Linear, Conv2d,
+ * before keeps working; they also become its `custom_encoder` / `custom_decoder`, so
+ * `Transformer::clone` deep-copies them and its `reset` gives copies of them, not fresh standard
+ * modules). With `p.kind == none` no Linear, Conv2d,
  * ReLU or pooling is replaced; store modules follow `options.store` either way.
  * @throw dropit::error if p's gamma is outside [0, 1], or a `layer_gamma` key names no module or
  * its gamma is outside [0, 1]; nothing is changed then.

@@ -14,7 +14,8 @@
  * active) or GELU through the `gelu` store class. The submodules keep LibTorch's names, so
  * `named_parameters()` and `to_dropit`'s `exclude` / `layer_gamma` paths read as LibTorch's.
  * `torch::nn::Transformer` calls its encoder and decoder through `AnyModule`s: `to_dropit` puts
- * these modules there.
+ * these modules there and names them its `custom_encoder` / `custom_decoder` too (what its reset,
+ * and so its `clone`, copies).
  *
  * @code
  * namespace dt = dropit::torch;

@@ -7,6 +7,7 @@
 #include <torch/nn/modules/transformer.h>
 
 #include <memory>
+#include <tuple>
 #include <utility>
 
 namespace dropit::torch {
@@ -176,9 +177,12 @@ inline void convert(::torch::nn::Module& m, const std::string& path, const polic
       }
       if (p.active() && o.masks && o.fuse_pool_relu) fuse_pool_relu(*seq, path, excluded, r);
     } else if (auto* t = dynamic_cast<::torch::nn::TransformerImpl*>(&m)) {
-      // nn::Transformer calls its encoder and decoder through AnyModules: replaced in place.
-      for (auto [name, any] :
-           {std::pair{"encoder", &t->encoder}, std::pair{"decoder", &t->decoder}}) {
+      // nn::Transformer calls its encoder and decoder through AnyModules: replaced in place, and
+      // named as its custom encoder / decoder too, which its reset (run by Cloneable::clone on
+      // the copy) clones instead of building standard modules that ours cannot be cloned into.
+      for (auto [name, any, custom] :
+           {std::tuple{"encoder", &t->encoder, &t->options.custom_encoder()},
+            std::tuple{"decoder", &t->decoder, &t->options.custom_decoder()}}) {
         replacement rep;
         if (any->is_empty() ||
             !make_replacement(any->ptr(), p, o, excluded(child_path(path, name), *any->ptr()),
@@ -186,6 +190,7 @@ inline void convert(::torch::nn::Module& m, const std::string& path, const polic
           continue;
         }
         *any = std::move(rep.any);
+        *custom = *any;
         t->replace_module(name, rep.module);
         ++r.replaced;
       }
