@@ -82,6 +82,16 @@ _VIEW_NODES = frozenset(
 )
 
 
+def _detached(t):
+    """A saved tensor kept as it is, as the pack hook hands it to the graph. With a pack hook,
+    PyTorch 1.13 keeps the Python object the hook returns; when that is the saved tensor itself
+    and it has a grad_fn, a forward whose graph is dropped without a backward is never freed
+    (nn.MultiheadAttention's softmax output, say: a reference cycle through C++ that Python's
+    collector cannot see). A detached alias (same storage and version counter) breaks it; the
+    unpacked tensor gets the saved tensor's autograd edge back from PyTorch either way."""
+    return t.detach() if t.grad_fn is not None else t
+
+
 def _unpack(obj):
     """The unpack hook of every dropit scope: rebuild what pack made, pass tensors through."""
     return obj if isinstance(obj, torch.Tensor) else obj.restore()
@@ -520,6 +530,10 @@ class _Scope:
         return False
 
     def pack(self, t):
+        out = self._pack(t)
+        return _detached(t) if out is t else out
+
+    def _pack(self, t):
         if self.frame is None or not self.live():
             return t
         x = self.x() if self.x is not None else None
@@ -979,7 +993,7 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
 
 def _pack_any(policy, t):
     if not t.is_floating_point() or _is_parameter_like(t):
-        return t
+        return _detached(t)
     return _C._pack_saved(t, policy)
 
 
