@@ -33,6 +33,13 @@ pack hook hands dropit's C++ library only the tensors it must:
   int64 indices then become window positions and whose saved input (read by backward for its
   shape only) a shape; so does the input a Conv2d's padding mode pads.
 
+* F.relu in a module's own forward (``torch.relu``, ``Tensor.relu``, ``relu_``; PyTorch's
+  tutorials, ``nn.TransformerEncoderLayer``'s activation): a module whose class's methods name
+  relu, or that holds one of those functions as an attribute, gets a "functional" scope, which
+  enters the same mode around its forward; the calls made while it is the innermost scope go to
+  the ReLU kernel. An excluded module inside it gets a "dense" scope, which stops that. Only a
+  plain CPU tensor that requires grad is taken; anything else runs PyTorch's relu as it is.
+
 LeakyReLU and ReLU6 / Hardtanh (any bounds): their saved input (in place: output) becomes
 1 bit per element, restored as a tensor their backward reads the same way (``_pack_mask``).
 Average poolings (AvgPool1d/2d/3d, AdaptiveAvgPool1d/2d/3d): their saved input, a contiguous one,
@@ -245,7 +252,40 @@ def _relu_input(input, inplace=False):
     return input, inplace
 
 
-_RELU_FUNCS = {F.relu: False, torch.relu: False, F.relu_: True, torch.relu_: True}
+_RELU_FUNCS = {F.relu: False, torch.relu: False, F.relu_: True, torch.relu_: True,
+               torch.Tensor.relu: False, torch.Tensor.relu_: True}
+
+
+def _names_relu(code):
+    """Whether a function's code (or a function or lambda defined in it) names relu or relu_:
+    ``F.relu(x)``, ``torch.relu(x)``, ``x.relu()``, ``x.relu_()``, ``self.relu(x)``."""
+    if "relu" in code.co_names or "relu_" in code.co_names:
+        return True
+    return any(isinstance(c, types.CodeType) and _names_relu(c) for c in code.co_consts)
+
+
+def _calls_relu(module):
+    """Whether a module's forward may call F.relu (torch.relu, Tensor.relu, relu_) itself: a
+    method of its class (nn.Module's own excepted) names relu, or it holds one of those functions
+    as an attribute (nn.TransformerEncoderLayer's ``activation``). nn.ReLU modules have their own
+    hooks."""
+    if isinstance(module, nn.ReLU):
+        return False
+    for value in vars(module).values():
+        if isinstance(value, types.BuiltinFunctionType | types.FunctionType):
+            if value in _RELU_FUNCS:
+                return True
+    cls = type(module)
+    hit = _RELU_CLASSES.get(cls)
+    if hit is None:
+        hit = _RELU_CLASSES[cls] = any(
+            isinstance(value, types.FunctionType) and _names_relu(value.__code__)
+            for c in cls.__mro__[:cls.__mro__.index(nn.Module)] for value in vars(c).values())
+    return hit
+
+
+# Module classes -> whether a method of theirs names relu (_calls_relu).
+_RELU_CLASSES = weakref.WeakKeyDictionary()
 
 # Whether a Linear / Conv1D layer (and with to_dropit's low_memory, a Conv2d) runs its op through
 # dropit's C++ function when it can (a switch for the tests, which run both paths). Conv2d takes
@@ -417,7 +457,7 @@ class _KernelMode(TorchFunctionMode):
             if scope is not None and scope.route and torch.is_grad_enabled():
                 return _MHA_FORWARD(*args, **kwargs)
         inplace = _RELU_FUNCS.get(func)
-        if inplace is not None and torch.is_grad_enabled() and _in_layer("relu"):
+        if inplace is not None and torch.is_grad_enabled() and _in_relu_scope():
             try:
                 bound = _relu_input(*args, **kwargs)
             except TypeError:
@@ -504,7 +544,7 @@ class _Scope:
     """One forward of one layer: the pack hook and what it needs to know about the input."""
 
     __slots__ = ("layer", "frame", "x", "x_requires_grad", "policy", "memo", "mode", "route",
-                 "__weakref__")
+                 "hooks", "__weakref__")
 
     def __init__(self, layer, frame, x):
         self.layer, self.frame = layer, frame
@@ -516,6 +556,10 @@ class _Scope:
         # that a tensor saved twice (or a view of it) is held once. Emptied when the forward ends.
         self.memo = {} if layer.kind == "attention" else None
         self.mode = False  # whether this scope entered _KERNEL_MODE
+        # whether it opened saved-tensor hooks: a "functional" scope (a module whose own code
+        # calls F.relu) only routes those calls, a "dense" one (an excluded module inside one)
+        # only stops that routing
+        self.hooks = layer.kind not in ("functional", "dense")
         self.route = _ROUTE_WEIGHT_LAYERS and layer.routes  # enters _KERNEL_MODE for its op
 
     def live(self):
@@ -678,6 +722,17 @@ def _in_layer(kind):
     return _live_scope(kind) is not None
 
 
+def _in_relu_scope():
+    """Whether F.relu calls go to dropit's kernel here: the innermost live scope is a ReLU layer's
+    or a "functional" one (a module whose own code calls F.relu; not inside an excluded module)."""
+    stack = _stack()
+    if not stack:
+        return False
+    top = stack[-1]
+    return (top.layer.kind in ("relu", "functional") and top.frame is not None
+            and _on_stack(top.frame))
+
+
 def _on_stack(frame):
     f = sys._getframe(1)
     while f is not None:
@@ -695,11 +750,15 @@ def _pre_hook(layer):
         if not (module.training and torch.is_grad_enabled()):
             return None
         scope = _Scope(layer, sys._getframe(1), args[0] if args else None)
-        _push_hooks(scope.pack, _unpack)
-        stack.append(scope)
-        if layer.kind == "pool" or layer.kind == "relu" or scope.route:
+        if scope.hooks:
+            _push_hooks(scope.pack, _unpack)
+        # The mode is entered once per thread: an enclosing scope's entry serves the inner ones
+        # (a second entry would run every call through the mode twice).
+        if ((layer.kind in ("pool", "relu", "functional") or scope.route)
+                and not any(s.mode for s in stack)):
             _KERNEL_MODE.__enter__()
             scope.mode = True
+        stack.append(scope)
         return None
 
     return hook
@@ -712,7 +771,8 @@ def _close(scope):
     if scope.mode:
         scope.mode = False
         _KERNEL_MODE.__exit__(None, None, None)
-    _pop_hooks()
+    if scope.hooks:
+        _pop_hooks()
 
 
 def _post_hook(layer):
@@ -810,7 +870,8 @@ class Handle:
     @property
     def layers(self):
         """``[(name, kind), ...]`` of the hooked layers; kind is "weight", "relu", "pool", "mask"
-        (LeakyReLU, ReLU6 / Hardtanh), "avgpool", or with ``store=``: "layernorm", "gelu",
+        (LeakyReLU, ReLU6 / Hardtanh), "avgpool", "functional" (a module whose own forward calls
+        F.relu), "dense" (an excluded module inside one), or with ``store=``: "layernorm", "gelu",
         "softmax", "dropout", "batchnorm", "activation", "attention", "pass" (a layer left dense
         inside an attention module)."""
         return [(layer.name, layer.kind) for layer in self._layers]
@@ -865,7 +926,9 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
             everything under them), e.g. the first layer and the classifier head.
         masks: ReLU saves a 1-bit mask, MaxPool2d its window positions, LeakyReLU and ReLU6 /
             Hardtanh (with 0 outside its range) a 1-bit mask, average poolings their input's
-            shape (all exact).
+            shape (all exact); so do the F.relu / torch.relu / Tensor.relu(_) calls that a
+            module makes in its own forward (a tutorial CNN's, nn.TransformerEncoderLayer's
+            activation), outside excluded modules.
         seed: base seed of ``"random"``.
         codec: how the kept values are stored: ``"exact"``, or 8 bits with a scale per 1024
             values, ``"int8"`` (round to nearest) or ``"fp8"`` (e4m3); see the C++ codec.hpp.
@@ -934,10 +997,13 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
                 best = key
         return policy if best is None else layer_policies[best]
 
-    selected, attention, projecting = [], [], set()
+    selected, attention, projecting, functional = [], [], set(), []
+
+    def under(name, parents):
+        return any(a == "" or name.startswith(a + ".") for a in parents)
 
     def under_attention(name):
-        return any(a == "" or name.startswith(a + ".") for a in attention)
+        return under(name, attention)
 
     def child(name, attr):
         return f"{name}.{attr}" if name else attr
@@ -946,12 +1012,24 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
         kind = _kind(module, masks, store)
         if kind is None and policy.kind != "none" and isinstance(module, nn.MultiheadAttention):
             kind = "attention"  # its projections, which its functional forward runs
-        if kind is None:
-            continue
+        if (kind is None and masks and not excluded(name) and not under_attention(name)
+                and _calls_relu(module)):
+            kind = "functional"  # its own F.relu calls (a ReLU layer's have their own scope)
         parent = name.rpartition(".")[0]
+        # The outermost excluded module inside a "functional" one (not in an attention module,
+        # where "pass" does it): its scope stops the routing of F.relu calls, as it is left as
+        # PyTorch runs it.
+        blocks = (excluded(name) and not excluded(parent) and under(name, functional)
+                  and not under_attention(name))
+        if kind is None and not blocks:
+            continue
         if parent in projecting and name == child(parent, "out_proj"):
             continue  # never called: its parent routes the F.linear that stands for it
-        if excluded(name) or (kind == "weight" and policy.kind == "none"):
+        if kind == "functional":
+            functional.append(name)
+        elif blocks:
+            kind = "dense"
+        elif excluded(name) or (kind == "weight" and policy.kind == "none"):
             # Left as PyTorch runs it; inside an attention module that packs its saved tensors,
             # that takes a scope that packs nothing.
             if not under_attention(name):

@@ -86,8 +86,9 @@ def test_held_memory_example(model, capsys):
     # store="all" less again
     assert held[1] < 0.9 * held[0] and held[2] < 0.6 * held[1]
     if model == "transformer":
-        # per layer: the attention, linear1, linear2 (and with store: 2 LayerNorms, 3 Dropouts)
-        assert hooked == [0, 2 * 3, 2 * 8]
+        # per layer: the attention, linear1, linear2, the layer itself (its activation, F.relu,
+        # through the mask kernel) and with store: 2 LayerNorms, 3 Dropouts
+        assert hooked == [0, 2 * 4, 2 * 9]
     else:
         # 20 convolutions, the Linear head, 17 ReLUs, the average pooling (and with store:
         # 20 BatchNorms)

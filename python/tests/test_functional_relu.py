@@ -1,0 +1,154 @@
+"""to_dropit on models that call F.relu (torch.relu, Tensor.relu, relu_) in their own forward, as
+PyTorch's tutorials and nn.TransformerEncoderLayer do: those calls keep a 1-bit mask like an
+nn.ReLU layer, with plain PyTorch's outputs and gradients as the oracle."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dropit
+
+
+def mask_bytes(*shapes):
+    """What dropit's ReLU keeps: 1 bit per element, in 32-bit words, per call."""
+    return sum((torch.Size(s).numel() + 31) // 32 * 4 for s in shapes)
+
+
+class Block(nn.Module):
+    """A submodule with an F.relu call of its own and an nn.ReLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(F.relu(self.fc(x)) + x)
+
+
+class TutorialNet(nn.Module):
+    """PyTorch's tutorial CNN: the activations are function calls in its forward, no ReLU modules
+    (each spelling once: F.relu, in place or not, torch.relu, Tensor.relu / relu_)."""
+
+    def __init__(self, inplace):
+        super().__init__()
+        self.inplace = inplace
+        self.conv1 = nn.Conv2d(1, 6, 5)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 4 * 4, 32)
+        self.block = Block()
+        self.fc2 = nn.Linear(32, 10)
+        self.modes = []  # torch-function modes active in each forward
+
+    def forward(self, x):
+        self.modes.append(torch.overrides._len_torch_function_stack())
+        x = F.max_pool2d(F.relu(self.conv1(x), inplace=self.inplace), 2)
+        x = F.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = self.fc1(x.flatten(1))
+        x = x.relu_() if self.inplace else x.relu()
+        return self.fc2(self.block(x))
+
+
+BATCH = 4
+# The activations of TutorialNet's ReLUs: its own three, then the block's two.
+ROOT_RELUS = [(BATCH, 6, 24, 24), (BATCH, 16, 8, 8), (BATCH, 32)]
+BLOCK_RELUS = [(BATCH, 32), (BATCH, 32)]
+
+
+def step(net, x, g):
+    """Forward and backward; returns (y, the saved mask bytes after forward, x.grad, grads)."""
+    x = x.detach().clone().requires_grad_(True)
+    y = net(x)
+    held = dropit.live_saved_bytes().masks
+    y.backward(g)
+    grads = {n: p.grad.detach().clone() for n, p in net.named_parameters()}
+    return y.detach(), held, x.grad, grads
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("strategy", ["none", "mink"])
+def test_functional_relu_keeps_a_mask_and_plain_gradients(inplace, strategy):
+    net = TutorialNet(inplace)
+    plain = copy.deepcopy(net)
+    handle = dropit.to_dropit(net, strategy, 0.9)
+    kinds = dict(handle.layers)
+    assert kinds[""] == "functional" and kinds["block"] == "functional"
+    assert kinds["block.act"] == "relu"
+    x = torch.randn(BATCH, 1, 28, 28)
+    g = torch.randn(BATCH, 10)
+    y0, held0, gx0, grads0 = step(plain, x, g)
+    y, held, gx, grads = step(net, x, g)
+    assert held0 == 0
+    assert held == mask_bytes(*ROOT_RELUS, *BLOCK_RELUS)
+    assert dropit.live_saved_bytes().total == 0  # all released by backward
+    # One mode for the whole forward (entered by the outermost scope), none after it.
+    assert net.modes == [1] and torch.overrides._len_torch_function_stack() == 0
+    assert not dropit._hooks._stack()
+    assert torch.equal(y, y0)
+    assert torch.equal(gx, gx0)  # the input gradient is exact with any policy
+    for name, g0 in grads0.items():
+        if strategy == "none" or name.endswith("bias"):
+            assert torch.equal(grads[name], g0), name
+        else:  # DropIT: the weight gradient from the sparsified input
+            assert not torch.allclose(grads[name], g0, rtol=1e-3, atol=1e-4), name
+
+
+def test_an_excluded_module_keeps_pytorchs_relu_inside_a_functional_one():
+    net = TutorialNet(False)
+    plain = copy.deepcopy(net)
+    handle = dropit.to_dropit(net, "none", exclude=["block"])
+    kinds = dict(handle.layers)
+    assert kinds[""] == "functional" and kinds["block"] == "dense"
+    assert "block.act" not in kinds
+    x = torch.randn(BATCH, 1, 28, 28)
+    g = torch.randn(BATCH, 10)
+    y0, _, gx0, grads0 = step(plain, x, g)
+    y, held, gx, grads = step(net, x, g)
+    assert held == mask_bytes(*ROOT_RELUS)  # the block's ReLUs save as PyTorch does
+    assert torch.equal(y, y0) and torch.equal(gx, gx0)
+    for name, g0 in grads0.items():
+        assert torch.equal(grads[name], g0), name
+    handle.remove()
+    assert step(net, x, g)[1] == 0  # removed: nothing routed
+
+
+def test_functional_relu_packs_nothing_in_eval_no_grad_or_without_masks():
+    net = TutorialNet(False)
+    x = torch.randn(BATCH, 1, 28, 28)
+    with dropit.to_dropit(net, "none"):
+        net.eval()
+        y = net(x.requires_grad_(True))
+        assert y.grad_fn is not None and dropit.live_saved_bytes().masks == 0
+        del y
+        net.train()
+        with torch.no_grad():
+            net(x)
+        assert net.modes == [0, 0]  # no mode entered
+    handle = dropit.to_dropit(net, "mink", 0.9, masks=False)
+    assert "functional" not in dict(handle.layers).values()
+    y = net(x)
+    assert dropit.live_saved_bytes().masks == 0
+    del y
+
+
+@pytest.mark.parametrize("strategy", ["none", "mink"])
+def test_transformer_encoder_layer_relu_activation_keeps_a_mask(strategy):
+    # nn.TransformerEncoderLayer holds F.relu as its `activation` and calls it in _ff_block.
+    layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0)
+    plain = copy.deepcopy(layer)
+    handle = dropit.to_dropit(layer, strategy, 0.9)
+    assert dict(handle.layers)[""] == "functional"
+    x = torch.randn(6, 3, 32)
+    g = torch.randn(6, 3, 32)
+    y0, _, gx0, grads0 = step(plain, x, g)
+    y, held, gx, grads = step(layer, x, g)
+    assert held == mask_bytes((6 * 3, 64))
+    assert torch.allclose(y, y0, rtol=1e-6, atol=1e-6)
+    if strategy == "none":  # the attention and the Linears as PyTorch runs them: bit for bit
+        assert torch.equal(y, y0) and torch.equal(gx, gx0)
+        for name, g0 in grads0.items():
+            assert torch.equal(grads[name], g0), name
+    else:  # the input gradient stays PyTorch's (within the C++ matmul's rounding)
+        assert torch.allclose(gx, gx0, rtol=1e-4, atol=1e-5)
