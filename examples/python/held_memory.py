@@ -1,22 +1,24 @@
 """What a standard PyTorch model holds for backward, plain and with dropit.
 
     PYTHONPATH=build/release/python python3 examples/python/held_memory.py
-        [--model transformer|resnet] [--layers 4] [--dim 256] [--heads 8] [--ff 1024]
+        [--model transformer|resnet|tutorial] [--layers 4] [--dim 256] [--heads 8] [--ff 1024]
         [--batch 32] [--seq 64] [--gamma 0.9]
 
 Runs one forward of the same model (random weights and input) per configuration inside
 dropit.memory_counter() and prints the bytes held after it (saved activations and the output),
 then checks that a backward through each one runs. The models: an nn.TransformerEncoder
 (--layers, --dim, --heads, --ff; input (--batch, --seq, --dim)), or a ResNet-18 for 32 x 32
-images (BasicBlocks with BatchNorm, widths 64-512, input (--batch, 3, 32, 32)). The
+images (BasicBlocks with BatchNorm, widths 64-512, input (--batch, 3, 32, 32)), or PyTorch's
+CIFAR-10 tutorial CNN (F.relu calls in its forward; input (--batch, 3, 32, 32)). The
 configurations: plain PyTorch; to_dropit (MinK on the inputs of every Linear, convolution and
-nn.MultiheadAttention projection, ReLU masks); and to_dropit with store="all" (LayerNorm and
+nn.MultiheadAttention projection, ReLU masks, F.relu calls included); and to_dropit with store="all" (LayerNorm and
 BatchNorm inputs, the attention's q/k/v and softmax through an 8-bit codec, dropout noise as bits).
 """
 import argparse
 import sys
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import dropit
@@ -67,9 +69,31 @@ def resnet18(classes=10):
     return nn.Sequential(*layers)
 
 
+class TutorialNet(nn.Module):
+    """The CNN of PyTorch's CIFAR-10 tutorial ("Training a classifier"): its ReLUs are F.relu
+    calls in its forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 5)
+        self.pool = nn.MaxPool2d(2, 2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, 10)
+
+    def forward(self, x):
+        x = self.pool(F.relu(self.conv1(x)))
+        x = self.pool(F.relu(self.conv2(x)))
+        x = torch.flatten(x, 1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=["transformer", "resnet"], default="transformer")
+    p.add_argument("--model", choices=["transformer", "resnet", "tutorial"], default="transformer")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--heads", type=int, default=8)
@@ -85,10 +109,14 @@ def main(argv=None):
         x = torch.randn(a.batch, a.seq, a.dim)
         title = (f"nn.TransformerEncoder: {a.layers} layers, d={a.dim}, {a.heads} heads, "
                  f"ff={a.ff}; input ({a.batch}, {a.seq}, {a.dim}) fp32")
-    else:
+    elif a.model == "resnet":
         net = resnet18().train()
         x = torch.randn(a.batch, 3, 32, 32)
         title = f"ResNet-18 (32 x 32 images); input ({a.batch}, 3, 32, 32) fp32"
+    else:
+        net = TutorialNet().train()
+        x = torch.randn(a.batch, 3, 32, 32)
+        title = f"PyTorch's CIFAR-10 tutorial CNN; input ({a.batch}, 3, 32, 32) fp32"
     configs = [
         ("plain PyTorch", lambda m: None),
         (f"to_dropit(gamma={a.gamma})", lambda m: dropit.to_dropit(m, gamma=a.gamma)),

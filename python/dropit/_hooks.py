@@ -33,12 +33,12 @@ pack hook hands dropit's C++ library only the tensors it must:
   int64 indices then become window positions and whose saved input (read by backward for its
   shape only) a shape; so does the input a Conv2d's padding mode pads.
 
-* F.relu in a module's own forward (``torch.relu``, ``Tensor.relu``, ``relu_``; PyTorch's
-  tutorials, ``nn.TransformerEncoderLayer``'s activation): a module whose class's methods name
-  relu, or that holds one of those functions as an attribute, gets a "functional" scope, which
-  enters the same mode around its forward; the calls made while it is the innermost scope go to
-  the ReLU kernel. An excluded module inside it gets a "dense" scope, which stops that. Only a
-  plain CPU tensor that requires grad is taken; anything else runs PyTorch's relu as it is.
+* F.relu (``torch.relu``, ``Tensor.relu``, ``relu_``) and F.max_pool2d in a module's own
+  forward (PyTorch's tutorials, ``nn.TransformerEncoderLayer``'s activation): a module whose
+  class's methods name them, or that holds one of those functions as an attribute, gets a
+  "functional" scope, which enters the same mode around its forward; the calls made while it is
+  the innermost scope go to the ReLU and pooling kernels. An excluded module inside it gets a
+  "dense" scope, which stops that. What the kernels do not take runs in PyTorch as it is.
 
 LeakyReLU and ReLU6 / Hardtanh (any bounds): their saved input (in place: output) becomes
 1 bit per element, restored as a tensor their backward reads the same way (``_pack_mask``).
@@ -256,36 +256,42 @@ _RELU_FUNCS = {F.relu: False, torch.relu: False, F.relu_: True, torch.relu_: Tru
                torch.Tensor.relu: False, torch.Tensor.relu_: True}
 
 
-def _names_relu(code):
-    """Whether a function's code (or a function or lambda defined in it) names relu or relu_:
-    ``F.relu(x)``, ``torch.relu(x)``, ``x.relu()``, ``x.relu_()``, ``self.relu(x)``."""
-    if "relu" in code.co_names or "relu_" in code.co_names:
+_POOL_FUNCS = frozenset([F.max_pool2d, torch.max_pool2d])
+# The names by which a forward calls them: F.relu(x), torch.relu(x), x.relu(), x.relu_(),
+# F.max_pool2d(x, 2) (and self.relu(x), an nn.ReLU's, which has its own hooks anyway).
+_FUNCTIONAL_NAMES = frozenset(["relu", "relu_", "max_pool2d"])
+
+
+def _names_functional(code):
+    """Whether a function's code (or a function or lambda defined in it) names one of
+    _FUNCTIONAL_NAMES."""
+    if not _FUNCTIONAL_NAMES.isdisjoint(code.co_names):
         return True
-    return any(isinstance(c, types.CodeType) and _names_relu(c) for c in code.co_consts)
+    return any(isinstance(c, types.CodeType) and _names_functional(c) for c in code.co_consts)
 
 
-def _calls_relu(module):
-    """Whether a module's forward may call F.relu (torch.relu, Tensor.relu, relu_) itself: a
-    method of its class (nn.Module's own excepted) names relu, or it holds one of those functions
-    as an attribute (nn.TransformerEncoderLayer's ``activation``). nn.ReLU modules have their own
-    hooks."""
-    if isinstance(module, nn.ReLU):
+def _calls_functional(module):
+    """Whether a module's forward may call F.relu (torch.relu, Tensor.relu, relu_) or
+    F.max_pool2d itself: a method of its class (nn.Module's own excepted) names one, or it holds
+    one of those functions as an attribute (nn.TransformerEncoderLayer's ``activation``).
+    nn.ReLU and nn.MaxPool2d modules have their own hooks."""
+    if isinstance(module, nn.ReLU | nn.MaxPool2d):
         return False
     for value in vars(module).values():
         if isinstance(value, types.BuiltinFunctionType | types.FunctionType):
-            if value in _RELU_FUNCS:
+            if value in _RELU_FUNCS or value in _POOL_FUNCS:
                 return True
     cls = type(module)
-    hit = _RELU_CLASSES.get(cls)
+    hit = _FUNCTIONAL_CLASSES.get(cls)
     if hit is None:
-        hit = _RELU_CLASSES[cls] = any(
-            isinstance(value, types.FunctionType) and _names_relu(value.__code__)
+        hit = _FUNCTIONAL_CLASSES[cls] = any(
+            isinstance(value, types.FunctionType) and _names_functional(value.__code__)
             for c in cls.__mro__[:cls.__mro__.index(nn.Module)] for value in vars(c).values())
     return hit
 
 
-# Module classes -> whether a method of theirs names relu (_calls_relu).
-_RELU_CLASSES = weakref.WeakKeyDictionary()
+# Module classes -> whether a method of theirs names a function of _FUNCTIONAL_NAMES.
+_FUNCTIONAL_CLASSES = weakref.WeakKeyDictionary()
 
 # Whether a Linear / Conv1D layer (and with to_dropit's low_memory, a Conv2d) runs its op through
 # dropit's C++ function when it can (a switch for the tests, which run both paths). Conv2d takes
@@ -457,7 +463,8 @@ class _KernelMode(TorchFunctionMode):
             if scope is not None and scope.route and torch.is_grad_enabled():
                 return _MHA_FORWARD(*args, **kwargs)
         inplace = _RELU_FUNCS.get(func)
-        if inplace is not None and torch.is_grad_enabled() and _in_relu_scope():
+        if (inplace is not None and torch.is_grad_enabled()
+                and _innermost() in ("relu", "functional")):
             try:
                 bound = _relu_input(*args, **kwargs)
             except TypeError:
@@ -469,8 +476,8 @@ class _KernelMode(TorchFunctionMode):
                 except _C.Error:
                     pass
             return func(*args, **kwargs)
-        if ((func is F.max_pool2d or func is torch.max_pool2d) and torch.is_grad_enabled()
-                and _in_layer("pool")):
+        if (func in _POOL_FUNCS and torch.is_grad_enabled()
+                and _innermost() in ("pool", "functional")):
             try:
                 bound = _pool_args(*args, **kwargs)
             except TypeError:
@@ -557,7 +564,7 @@ class _Scope:
         self.memo = {} if layer.kind == "attention" else None
         self.mode = False  # whether this scope entered _KERNEL_MODE
         # whether it opened saved-tensor hooks: a "functional" scope (a module whose own code
-        # calls F.relu) only routes those calls, a "dense" one (an excluded module inside one)
+        # calls F.relu or F.max_pool2d) only routes those calls, a "dense" one (an excluded module inside one)
         # only stops that routing
         self.hooks = layer.kind not in ("functional", "dense")
         self.route = _ROUTE_WEIGHT_LAYERS and layer.routes  # enters _KERNEL_MODE for its op
@@ -722,15 +729,16 @@ def _in_layer(kind):
     return _live_scope(kind) is not None
 
 
-def _in_relu_scope():
-    """Whether F.relu calls go to dropit's kernel here: the innermost live scope is a ReLU layer's
-    or a "functional" one (a module whose own code calls F.relu; not inside an excluded module)."""
+def _innermost():
+    """The kind of the innermost dropit scope on this thread whose forward is still running, or
+    None: F.relu goes to dropit's kernel in a "relu" or "functional" one (a module whose own code
+    calls it; not inside an excluded module, whose "dense" scope stops it), F.max_pool2d in a
+    "pool" or "functional" one."""
     stack = _stack()
     if not stack:
-        return False
+        return None
     top = stack[-1]
-    return (top.layer.kind in ("relu", "functional") and top.frame is not None
-            and _on_stack(top.frame))
+    return top.layer.kind if top.frame is not None and _on_stack(top.frame) else None
 
 
 def _on_stack(frame):
@@ -871,7 +879,7 @@ class Handle:
     def layers(self):
         """``[(name, kind), ...]`` of the hooked layers; kind is "weight", "relu", "pool", "mask"
         (LeakyReLU, ReLU6 / Hardtanh), "avgpool", "functional" (a module whose own forward calls
-        F.relu), "dense" (an excluded module inside one), or with ``store=``: "layernorm", "gelu",
+        F.relu or F.max_pool2d), "dense" (an excluded module inside one), or with ``store=``: "layernorm", "gelu",
         "softmax", "dropout", "batchnorm", "activation", "attention", "pass" (a layer left dense
         inside an attention module)."""
         return [(layer.name, layer.kind) for layer in self._layers]
@@ -926,9 +934,9 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
             everything under them), e.g. the first layer and the classifier head.
         masks: ReLU saves a 1-bit mask, MaxPool2d its window positions, LeakyReLU and ReLU6 /
             Hardtanh (with 0 outside its range) a 1-bit mask, average poolings their input's
-            shape (all exact); so do the F.relu / torch.relu / Tensor.relu(_) calls that a
-            module makes in its own forward (a tutorial CNN's, nn.TransformerEncoderLayer's
-            activation), outside excluded modules.
+            shape (all exact); so do the F.relu / torch.relu / Tensor.relu(_) and
+            F.max_pool2d calls that a module makes in its own forward (a tutorial CNN's,
+            nn.TransformerEncoderLayer's activation), outside excluded modules.
         seed: base seed of ``"random"``.
         codec: how the kept values are stored: ``"exact"``, or 8 bits with a scale per 1024
             values, ``"int8"`` (round to nearest) or ``"fp8"`` (e4m3); see the C++ codec.hpp.
@@ -1013,11 +1021,12 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
         if kind is None and policy.kind != "none" and isinstance(module, nn.MultiheadAttention):
             kind = "attention"  # its projections, which its functional forward runs
         if (kind is None and masks and not excluded(name) and not under_attention(name)
-                and _calls_relu(module)):
-            kind = "functional"  # its own F.relu calls (a ReLU layer's have their own scope)
+                and _calls_functional(module)):
+            kind = "functional"  # its own F.relu / F.max_pool2d calls
         parent = name.rpartition(".")[0]
         # The outermost excluded module inside a "functional" one (not in an attention module,
-        # where "pass" does it): its scope stops the routing of F.relu calls, as it is left as
+        # where "pass" does it): its scope stops the routing of F.relu / F.max_pool2d calls, as
+        # it is left as
         # PyTorch runs it.
         blocks = (excluded(name) and not excluded(parent) and under(name, functional)
                   and not under_attention(name))

@@ -1,6 +1,7 @@
-"""to_dropit on models that call F.relu (torch.relu, Tensor.relu, relu_) in their own forward, as
-PyTorch's tutorials and nn.TransformerEncoderLayer do: those calls keep a 1-bit mask like an
-nn.ReLU layer, with plain PyTorch's outputs and gradients as the oracle."""
+"""to_dropit on models that call F.relu (torch.relu, Tensor.relu, relu_) and F.max_pool2d in their
+own forward, as PyTorch's tutorials and nn.TransformerEncoderLayer do: those calls keep a 1-bit
+mask like an nn.ReLU layer and window codes like an nn.MaxPool2d, with plain PyTorch's outputs
+and gradients as the oracle."""
 import copy
 
 import pytest
@@ -14,6 +15,12 @@ import dropit
 def mask_bytes(*shapes):
     """What dropit's ReLU keeps: 1 bit per element, in 32-bit words, per call."""
     return sum((torch.Size(s).numel() + 31) // 32 * 4 for s in shapes)
+
+
+def code_bytes(*shapes):
+    """What dropit's 2 x 2 max pooling keeps: a 2-bit window position per output, in 32-bit
+    words, per call."""
+    return sum((torch.Size(s).numel() * 2 + 31) // 32 * 4 for s in shapes)
 
 
 class Block(nn.Module):
@@ -52,9 +59,10 @@ class TutorialNet(nn.Module):
 
 
 BATCH = 4
-# The activations of TutorialNet's ReLUs: its own three, then the block's two.
-ROOT_RELUS = [(BATCH, 6, 24, 24), (BATCH, 16, 8, 8), (BATCH, 32)]
-BLOCK_RELUS = [(BATCH, 32), (BATCH, 32)]
+# What TutorialNet's own calls keep (three ReLUs, two poolings), then its block's two ReLUs.
+ROOT = (mask_bytes((BATCH, 6, 24, 24), (BATCH, 16, 8, 8), (BATCH, 32))
+        + code_bytes((BATCH, 6, 12, 12), (BATCH, 16, 4, 4)))
+BLOCK = mask_bytes((BATCH, 32), (BATCH, 32))
 
 
 def step(net, x, g):
@@ -81,7 +89,7 @@ def test_functional_relu_keeps_a_mask_and_plain_gradients(inplace, strategy):
     y0, held0, gx0, grads0 = step(plain, x, g)
     y, held, gx, grads = step(net, x, g)
     assert held0 == 0
-    assert held == mask_bytes(*ROOT_RELUS, *BLOCK_RELUS)
+    assert held == ROOT + BLOCK
     assert dropit.live_saved_bytes().total == 0  # all released by backward
     # One mode for the whole forward (entered by the outermost scope), none after it.
     assert net.modes == [1] and torch.overrides._len_torch_function_stack() == 0
@@ -106,7 +114,7 @@ def test_an_excluded_module_keeps_pytorchs_relu_inside_a_functional_one():
     g = torch.randn(BATCH, 10)
     y0, _, gx0, grads0 = step(plain, x, g)
     y, held, gx, grads = step(net, x, g)
-    assert held == mask_bytes(*ROOT_RELUS)  # the block's ReLUs save as PyTorch does
+    assert held == ROOT  # the block's ReLUs save as PyTorch does
     assert torch.equal(y, y0) and torch.equal(gx, gx0)
     for name, g0 in grads0.items():
         assert torch.equal(grads[name], g0), name
