@@ -11,8 +11,9 @@ then checks that a backward through each one runs. The models: an nn.Transformer
 images (BasicBlocks with BatchNorm, widths 64-512, input (--batch, 3, 32, 32)), or PyTorch's
 CIFAR-10 tutorial CNN (F.relu calls in its forward; input (--batch, 3, 32, 32)). The
 configurations: plain PyTorch; to_dropit (MinK on the inputs of every Linear, convolution and
-nn.MultiheadAttention projection, ReLU masks, F.relu calls included); and to_dropit with store="all" (LayerNorm and
-BatchNorm inputs, the attention's q/k/v and softmax through an 8-bit codec, dropout noise as bits).
+nn.MultiheadAttention projection, ReLU masks, F.relu calls included); and to_dropit with
+store="all" (LayerNorm and BatchNorm inputs, the attention's q/k/v and softmax through an 8-bit
+codec, dropout noise as bits).
 """
 import argparse
 import sys
