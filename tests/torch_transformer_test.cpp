@@ -377,3 +377,26 @@ TEST_CASE("torch: TransformerDecoderLayer: a fresh layer, eval, clone and printi
   wrong->layers->push_back(nn::Linear(8, 8));
   CHECK_THROWS_AS((void)dt::TransformerDecoder(*wrong), dropit::error);
 }
+
+TEST_CASE("torch: a forward dropped without backward frees every pack (nn::Transformer)") {
+  // No autograd function of the adapter may hold its own output or node (a reference cycle
+  // would keep the graph and its packs alive when nothing runs backward: an evaluation in
+  // training mode, a skipped step). MinK on the layers and every store class in int8.
+  torch::manual_seed(51);
+  nn::Transformer t(nn::TransformerOptions(8, 2, 2, 1).dim_feedforward(16).dropout(0.1));
+  t->to(torch::kDouble);
+  dt::convert_options o;
+  o.store = dt::store_options::all(dropit::value_codec::int8);
+  REQUIRE(dt::to_dropit(*t, make_policy(dt::policy_kind::mink, 0.9), o).replaced == 2);
+  const auto src = torch::randn({6, 3, 8}, torch::kDouble).requires_grad_(true);
+  const auto tgt = torch::randn({5, 3, 8}, torch::kDouble).requires_grad_(true);
+  const auto mask = nn::TransformerImpl::generate_square_subsequent_mask(5).to(torch::kDouble);
+  const auto before = dt::live_saved_bytes();
+  for (int i = 0; i < 2; ++i) {
+    {
+      const auto out = t->forward(src, tgt, {}, mask);
+      CHECK(dt::live_saved_bytes().total() > before.total());
+    }
+    CHECK(dt::live_saved_bytes().total() == before.total());
+  }
+}
