@@ -49,7 +49,8 @@ With ``store=`` the tensors DropIT leaves dense are kept through a value codec (
 ``Identity`` pack with ``store_codec``), each class on its own:
 
 * "layernorm": an ``nn.LayerNorm``'s saved input (its mean and 1/std stay as they are);
-* "gelu": an ``nn.GELU``'s saved input;
+* "gelu": an ``nn.GELU``'s saved input (or a module's that holds F.gelu as an attribute and
+  calls it: Hugging Face's GELUActivation);
 * "softmax": an ``nn.Softmax``'s saved output, and the softmax outputs saved inside an attention
   module (``nn.MultiheadAttention``, or any module whose class name ends in "Attention");
 * "matmul": every other activation an attention module saves (the matmuls' inputs: q, k, v and
@@ -58,7 +59,8 @@ With ``store=`` the tensors DropIT leaves dense are kept through a value codec (
 * "batchnorm": an ``nn.BatchNorm1d/2d/3d``'s (or SyncBatchNorm's) saved input in training (its
   batch mean and 1/std stay as they are): in a CNN with DropIT, what its convolutions output;
 * "activation": what ``nn.SiLU``, ``Mish``, ``Hardswish``, ``Hardsigmoid``, ``ELU``, ``CELU``,
-  ``Softplus``, ``Tanh`` and ``Sigmoid`` save (their input, or output).
+  ``Softplus``, ``Tanh`` and ``Sigmoid`` save (their input, or output), and a module that holds
+  their function (F.silu, torch.tanh, ...) as an attribute.
 
 Everything else passes through unchanged.
 """
@@ -176,6 +178,18 @@ STORE_CLASSES = ("layernorm", "gelu", "softmax", "matmul", "dropout", "batchnorm
 # derivative jumps at 0, where a codec rounds the smallest values.
 _ACTIVATIONS = (nn.SiLU, nn.Mish, nn.Hardswish, nn.Hardsigmoid, nn.ELU, nn.CELU, nn.Softplus,
                 nn.Tanh, nn.Sigmoid)
+# Their functions: a module that holds one as an attribute and calls it (Hugging Face's
+# activation modules: GELUActivation holds F.gelu) is stored as the module would be.
+_ACTIVATION_FUNCS = frozenset([F.silu, F.mish, F.hardswish, F.hardsigmoid, F.elu, F.celu,
+                               F.softplus, torch.tanh, torch.sigmoid])
+_GELU_FUNCS = frozenset([F.gelu])
+
+
+def _holds(module, funcs):
+    """Whether a module holds one of `funcs` as an attribute (nn.TransformerEncoderLayer holds its
+    activation, Hugging Face's GELUActivation F.gelu)."""
+    return any(isinstance(v, types.BuiltinFunctionType | types.FunctionType) and v in funcs
+               for v in vars(module).values())
 
 # Autograd nodes through which a tensor is the same data in another shape.
 _RESHAPE_NODES = _VIEW_NODES | frozenset(["ReshapeAliasBackward0", "CloneBackward0"])
@@ -277,10 +291,8 @@ def _calls_functional(module):
     nn.ReLU and nn.MaxPool2d modules have their own hooks."""
     if isinstance(module, nn.ReLU | nn.MaxPool2d):
         return False
-    for value in vars(module).values():
-        if isinstance(value, types.BuiltinFunctionType | types.FunctionType):
-            if value in _RELU_FUNCS or value in _POOL_FUNCS:
-                return True
+    if _holds(module, _FUNCTIONAL_FUNCS):
+        return True
     cls = type(module)
     hit = _FUNCTIONAL_CLASSES.get(cls)
     if hit is None:
@@ -290,6 +302,7 @@ def _calls_functional(module):
     return hit
 
 
+_FUNCTIONAL_FUNCS = frozenset(_RELU_FUNCS) | _POOL_FUNCS
 # Module classes -> whether a method of theirs names a function of _FUNCTIONAL_NAMES.
 _FUNCTIONAL_CLASSES = weakref.WeakKeyDictionary()
 
@@ -564,8 +577,8 @@ class _Scope:
         self.memo = {} if layer.kind == "attention" else None
         self.mode = False  # whether this scope entered _KERNEL_MODE
         # whether it opened saved-tensor hooks: a "functional" scope (a module whose own code
-        # calls F.relu or F.max_pool2d) only routes those calls, a "dense" one (an excluded module inside one)
-        # only stops that routing
+        # calls F.relu or F.max_pool2d) only routes those calls, a "dense" one (an excluded
+        # module inside one) only stops that routing
         self.hooks = layer.kind not in ("functional", "dense")
         self.route = _ROUTE_WEIGHT_LAYERS and layer.routes  # enters _KERNEL_MODE for its op
 
@@ -838,9 +851,10 @@ def _kind(module, masks, store=frozenset()):
         return "layernorm"
     if "batchnorm" in store and isinstance(module, nn.modules.batchnorm._BatchNorm):
         return "batchnorm"
-    if "activation" in store and isinstance(module, _ACTIVATIONS):
+    if "activation" in store and (isinstance(module, _ACTIVATIONS)
+                                  or _holds(module, _ACTIVATION_FUNCS)):
         return "activation"
-    if "gelu" in store and isinstance(module, nn.GELU):
+    if "gelu" in store and (isinstance(module, nn.GELU) or _holds(module, _GELU_FUNCS)):
         return "gelu"
     if "softmax" in store and isinstance(module, nn.Softmax):
         return "softmax"
@@ -879,9 +893,9 @@ class Handle:
     def layers(self):
         """``[(name, kind), ...]`` of the hooked layers; kind is "weight", "relu", "pool", "mask"
         (LeakyReLU, ReLU6 / Hardtanh), "avgpool", "functional" (a module whose own forward calls
-        F.relu or F.max_pool2d), "dense" (an excluded module inside one), or with ``store=``: "layernorm", "gelu",
-        "softmax", "dropout", "batchnorm", "activation", "attention", "pass" (a layer left dense
-        inside an attention module)."""
+        F.relu or F.max_pool2d), "dense" (an excluded module inside one), or with ``store=``:
+        "layernorm", "gelu", "softmax", "dropout", "batchnorm", "activation", "attention", "pass"
+        (a layer left dense inside an attention module)."""
         return [(layer.name, layer.kind) for layer in self._layers]
 
     def remove(self):

@@ -6,10 +6,23 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import dropit
 import reference
+
+
+class Holder(nn.Module):
+    """An activation module that holds its function and calls it (Hugging Face's GELUActivation
+    holds F.gelu)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.act = fn
+
+    def forward(self, x):
+        return self.act(x)
 
 
 class Mixer(nn.Module):
@@ -193,6 +206,17 @@ def check_saved(net, store, codec, x, classify=stored_class):
 @pytest.mark.parametrize("codec", ["int8", "fp8"])
 def test_each_class_stores_what_backward_reads_through_the_codec(store, codec):
     check_saved(Net(), store, codec, torch.randn(3, 10, 48))
+
+
+@pytest.mark.parametrize("store", [("gelu",), ("activation",), ("gelu", "activation")])
+@pytest.mark.parametrize("codec", ["int8", "fp8", "exact"])
+def test_activation_modules_that_hold_their_function_are_stored(store, codec):
+    # Hugging Face's activation modules (GELUActivation holds F.gelu) are no nn.GELU / nn.Tanh:
+    # a module holding the function is stored as the module of that class would be.
+    net = nn.Sequential(nn.Linear(48, 48), Holder(F.gelu), nn.Linear(48, 48), Holder(torch.tanh))
+    check_saved(net, store, codec, torch.randn(3, 10, 48, requires_grad=True))
+    kinds = [k for _, k in dropit.to_dropit(copy.deepcopy(net), "none", store=store).layers]
+    assert kinds == [c for c in ("gelu", "activation") if c in store]
 
 
 def test_exact_codec_gives_pytorchs_gradients_bit_for_bit():
