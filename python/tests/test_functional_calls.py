@@ -160,3 +160,21 @@ def test_transformer_encoder_layer_relu_activation_keeps_a_mask(strategy):
             assert torch.equal(grads[name], g0), name
     else:  # the input gradient stays PyTorch's (within the C++ matmul's rounding)
         assert torch.allclose(gx, gx0, rtol=1e-4, atol=1e-5)
+
+
+def test_a_forward_that_raised_routes_nothing_and_is_closed_by_the_next():
+    net = TutorialNet(False)
+    handle = dropit.to_dropit(net, "mink", 0.9)
+    with pytest.raises(RuntimeError):
+        net(torch.randn(BATCH, 3, 28, 28))  # conv1 takes 1 channel: raises inside the forward
+    # The failed forward left its mode entered; its scope is stale, so F.relu outside any
+    # forward runs PyTorch's own relu.
+    assert torch.overrides._len_torch_function_stack() == 1
+    t = torch.randn(5, requires_grad=True)
+    assert F.relu(t * 1).grad_fn.name() == "ReluBackward0"
+    # The next forward closes what was left, and runs as it should.
+    x, g = torch.randn(BATCH, 1, 28, 28), torch.randn(BATCH, 10)
+    _, held, _, _ = step(net, x, g)
+    assert held == ROOT + BLOCK and net.modes[-1] == 1
+    assert torch.overrides._len_torch_function_stack() == 0 and not dropit._hooks._stack()
+    handle.remove()
