@@ -191,6 +191,7 @@ def _holds(module, funcs):
     return any(isinstance(v, types.BuiltinFunctionType | types.FunctionType) and v in funcs
                for v in vars(module).values())
 
+
 # Autograd nodes through which a tensor is the same data in another shape.
 _RESHAPE_NODES = _VIEW_NODES | frozenset(["ReshapeAliasBackward0", "CloneBackward0"])
 
@@ -738,10 +739,6 @@ def _live_scope(kind):
     return None
 
 
-def _in_layer(kind):
-    return _live_scope(kind) is not None
-
-
 def _innermost():
     """The kind of the innermost dropit scope on this thread whose forward is still running, or
     None: F.relu goes to dropit's kernel in a "relu" or "functional" one (a module whose own code
@@ -1040,8 +1037,7 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
         parent = name.rpartition(".")[0]
         # The outermost excluded module inside a "functional" one (not in an attention module,
         # where "pass" does it): its scope stops the routing of F.relu / F.max_pool2d calls, as
-        # it is left as
-        # PyTorch runs it.
+        # it is left as PyTorch runs it.
         blocks = (excluded(name) and not excluded(parent) and under(name, functional)
                   and not under_attention(name))
         if kind is None and not blocks:
