@@ -142,7 +142,10 @@ def _is_parameter_like(t):
 
 def _derives_from(node, x):
     """Whether autograd node `node` reaches x within a few steps (x's own node, or the gradient
-    accumulator of a leaf x): t was computed from x inside the layer (padding, a cast)."""
+    accumulator of a leaf x) without passing through an op that takes a parameter: t was computed
+    from x inside the layer before its matmul or convolution (padding, a cast, a scaling), not
+    from that op's output (a Linear subclass that applies an activation after it: what the
+    activation saves must stay exact)."""
     target = x.grad_fn
     seen, frontier = 0, [node]
     for _ in range(12):  # circular padding: 4 slice assignments, each 2 or 3 nodes deep
@@ -155,10 +158,30 @@ def _derives_from(node, x):
             seen += 1
             if seen > 64:
                 return False
+            if _takes_parameter(n):
+                continue
             nxt.extend(f for f, _ in n.next_functions)
         if not nxt:
             return False
         frontier = nxt
+    return False
+
+
+def _takes_parameter(node):
+    """Whether an autograd node's inputs include a parameter, directly or through views and casts
+    of it (a matmul's weight, transposed, maybe cast by autocast)."""
+    for f, _ in node.next_functions:
+        for _ in range(4):
+            if f is None:
+                break
+            v = getattr(f, "variable", None)
+            if v is not None:
+                if _is_parameter(v):
+                    return True
+                break
+            if f.name() not in _VIEW_NODES or not f.next_functions:
+                break
+            f = f.next_functions[0][0]
     return False
 
 

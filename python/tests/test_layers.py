@@ -306,6 +306,31 @@ def test_kernel_path_takes_only_the_layers_own_call():
     assert torch.equal(x.grad, torch.ones(6, 4).mm(lin.weight))
 
 
+@pytest.mark.parametrize("act", [F.relu, torch.tanh])
+def test_what_a_linear_subclass_computes_after_its_matmul_stays_exact(path, act):
+    # A Linear subclass that applies an activation to its output: the activation's saved tensor
+    # derives from the input too, but through the matmul, so it is saved as PyTorch saves it. The
+    # input and bias gradients stay exact, the weight gradient reads the sparsified input.
+    class Activated(nn.Linear):
+        def forward(self, x):
+            return act(super().forward(x))
+
+    layer = Activated(16, 24)
+    plain = copy.deepcopy(layer)
+    dropit.to_dropit(layer, "mink", 0.9)
+    x = torch.randn(10, 16, requires_grad=True)
+    g = torch.randn(10, 24)
+    y, gx, grads, _ = run(layer, x * 1, g)
+    x0 = (x * 1).detach().requires_grad_(True)
+    out0 = F.linear(x0, plain.weight, plain.bias)
+    out0.retain_grad()
+    act(out0).backward(g)
+    assert torch.equal(y, act(out0).detach())
+    assert torch.equal(gx, x0.grad)
+    assert torch.equal(grads["bias"], out0.grad.sum(0))
+    torch.testing.assert_close(grads["weight"], out0.grad.t().mm(reference.mink(x0.detach(), 0.9)))
+
+
 def test_a_linear_forward_that_raises_routes_nothing_after_it():
     # The Linear layer's mode stays entered after its forward raised (the next hooked forward
     # closes it); meanwhile the same call outside any dropit layer is PyTorch's own.
