@@ -142,10 +142,10 @@ def _is_parameter_like(t):
 
 def _derives_from(node, x):
     """Whether autograd node `node` reaches x within a few steps (x's own node, or the gradient
-    accumulator of a leaf x) without passing through an op that takes a parameter: t was computed
-    from x inside the layer before its matmul or convolution (padding, a cast, a scaling), not
-    from that op's output (a Linear subclass that applies an activation after it: what the
-    activation saves must stay exact)."""
+    accumulator of a leaf x) without passing through a layer's op (a matmul, a convolution, or any
+    op that takes a parameter): t was computed from x inside the layer before its matmul or
+    convolution (padding, a cast, a scaling), not from that op's output (a Linear subclass that
+    applies an activation after it: what the activation saves must stay exact)."""
     target = x.grad_fn
     seen, frontier = 0, [node]
     for _ in range(12):  # circular padding: 4 slice assignments, each 2 or 3 nodes deep
@@ -158,13 +158,33 @@ def _derives_from(node, x):
             seen += 1
             if seen > 64:
                 return False
-            if _takes_parameter(n):
+            if _is_layer_op(n):
                 continue
             nxt.extend(f for f, _ in n.next_functions)
         if not nxt:
             return False
         frontier = nxt
     return False
+
+
+# The nodes of the ops a Linear / convolution layer runs (also with a frozen weight and bias,
+# whose parameters then do not show in the graph).
+_LAYER_OP_NODES = frozenset(
+    "AddmmBackward0 MmBackward0 BmmBackward0 MvBackward0 AddmvBackward0 BaddbmmBackward0 "
+    "LinearBackward0 MkldnnLinearBackward0 ConvolutionBackward0 ConvolutionBackward1 "
+    "ConvolutionBackwardOverrideable MkldnnConvolutionBackward0 SlowConv2DBackward0 "
+    "SlowConvDilated2DBackward0 SlowConvDilated3DBackward0 SlowConvTranspose2DBackward0 "
+    "SlowConvTranspose3DBackward0 ConvDepthwise2DBackward0 ConvDepthwise3DBackward0".split()
+)
+
+
+def _is_layer_op(node):
+    """Whether an autograd node is a layer's op (a matmul or convolution, dropit's C++ layers and
+    kernels) or takes a parameter: the walk in `_derives_from` does not pass it."""
+    name = node.name()
+    if name in _LAYER_OP_NODES or name.startswith("torch::autograd::CppNode<dropit::"):
+        return True
+    return _takes_parameter(node)
 
 
 def _takes_parameter(node):

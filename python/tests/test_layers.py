@@ -331,6 +331,24 @@ def test_what_a_linear_subclass_computes_after_its_matmul_stays_exact(path, act)
     torch.testing.assert_close(grads["weight"], out0.grad.t().mm(reference.mink(x0.detach(), 0.9)))
 
 
+@pytest.mark.parametrize("base", [nn.Linear, nn.Conv2d])
+def test_an_activation_after_a_frozen_layers_op_stays_exact(path, base):
+    # Weight and bias frozen (no parameter in the graph): the activation a subclass applies after
+    # the matmul or convolution is still no input of it; the input gradient stays PyTorch's.
+    class Activated(base):
+        def forward(self, x):
+            return torch.tanh(super().forward(x))
+
+    layer = Activated(16, 24) if base is nn.Linear else Activated(3, 4, 3)
+    layer.requires_grad_(False)
+    plain = copy.deepcopy(layer)
+    dropit.to_dropit(layer, "mink", 0.9)
+    x = torch.randn(*((10, 16) if base is nn.Linear else (2, 3, 8, 8)), requires_grad=True)
+    (gx,) = torch.autograd.grad(layer(x * 1), x, torch.ones(()).expand(layer(x).shape))
+    (gx0,) = torch.autograd.grad(plain(x * 1), x, torch.ones(()).expand(plain(x).shape))
+    assert torch.equal(gx, gx0)
+
+
 def test_a_linear_forward_that_raises_routes_nothing_after_it():
     # The Linear layer's mode stays entered after its forward raised (the next hooked forward
     # closes it); meanwhile the same call outside any dropit layer is PyTorch's own.
