@@ -425,9 +425,11 @@ def _route_weight_layer(scope, func, args, kwargs):
             or w.dim() != weight_dims or not _kernel_takes(x, w) or not _same_data(x, x_in)):
         return None
     try:
-        return run(x, w, b, *extra, scope.policy)
+        out = run(x, w, b, *extra, scope.policy)
     except _C.Error:  # what the C++ function refuses runs in PyTorch (which raises its own error)
         return None
+    scope.op_done = True
+    return out
 
 
 def _projection_role(mha, w, b):
@@ -608,7 +610,7 @@ class _Scope:
     """One forward of one layer: the pack hook and what it needs to know about the input."""
 
     __slots__ = ("layer", "frame", "x", "x_requires_grad", "policy", "memo", "mode", "route",
-                 "hooks", "__weakref__")
+                 "hooks", "op_done", "__weakref__")
 
     def __init__(self, layer, frame, x):
         self.layer, self.frame = layer, frame
@@ -625,6 +627,10 @@ class _Scope:
         # module inside one) only stops that routing
         self.hooks = layer.kind not in ("functional", "dense")
         self.route = _ROUTE_WEIGHT_LAYERS and layer.routes  # enters _KERNEL_MODE for its op
+        # whether the layer's op (matmul, convolution) has run: it saved its input (packed here)
+        # or its weight, or dropit's C++ layer ran it; a tensor without autograd history saved
+        # after it is no copy of the input (a dropout's noise on the output, say)
+        self.op_done = False
 
     def live(self):
         """Whether this layer's forward is still running on this thread (it is not after an
@@ -653,7 +659,9 @@ class _Scope:
                     # backward, which reads only x's shape. The convolution's input is the padded
                     # copy, packed below when it is saved.
                     return _ShapeOnly(t)
-                return _C._pack_saved(t, self.policy)
+                packed = _C._pack_saved(t, self.policy)
+                self.op_done = True  # the op that saves its input (the one packed) has run
+                return packed
             return t
         if kind in _STORE_KINDS:
             return self._pack_stored(t, x, kind)
@@ -745,7 +753,10 @@ class _Scope:
             return t
 
     def _is_input(self, t, x):
-        if not t.is_floating_point() or _is_parameter_like(t):
+        if not t.is_floating_point():
+            return False
+        if _is_parameter_like(t):
+            self.op_done = True
             return False
         if x is not None and _same_data(t, x):
             return True
@@ -753,8 +764,9 @@ class _Scope:
         if node is not None:
             return x is not None and _derives_from(node, x)
         # No autograd history: a copy of x when x needs no gradient (then only the weight
-        # gradient, which reads x, is computed); else a frozen parameter's copy.
-        return not t.requires_grad and not self.x_requires_grad
+        # gradient, which reads x, is computed) and the layer's op has not run yet; else a frozen
+        # parameter's copy or something computed from the op's output.
+        return not t.requires_grad and not self.x_requires_grad and not self.op_done
 
 
 def _stack():

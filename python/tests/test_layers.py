@@ -332,6 +332,37 @@ def test_what_a_linear_subclass_computes_after_its_matmul_stays_exact(path, act)
 
 
 @pytest.mark.parametrize("base", [nn.Linear, nn.Conv2d])
+def test_dropout_after_a_first_layers_op_stays_exact(path, base):
+    # A first layer (its input needs no gradient) whose subclass applies dropout to its output:
+    # the noise has no autograd history, like a copy of the input would, but is saved after the
+    # layer's op, so it is kept as it is. Bias gradient PyTorch's, weight gradient from the
+    # sparsified input.
+    class Dropped(base):
+        def forward(self, x):
+            return F.dropout(super().forward(x), 0.5, self.training)
+
+    layer = Dropped(16, 16) if base is nn.Linear else Dropped(3, 4, 3)
+    plain = copy.deepcopy(layer)
+    dropit.to_dropit(layer, "mink", 0.9)
+    x = torch.randn(*((10, 16) if base is nn.Linear else (2, 3, 8, 8)))
+    torch.manual_seed(3)
+    y = layer(x)
+    torch.manual_seed(3)
+    out0 = F.linear(x, plain.weight, plain.bias) if base is nn.Linear else plain._conv_forward(
+        x, plain.weight, plain.bias)
+    out0.retain_grad()
+    y0 = F.dropout(out0, 0.5, True)
+    assert torch.equal(y, y0)
+    g = torch.randn_like(y0)
+    y.backward(g)
+    y0.backward(g)
+    assert torch.equal(layer.bias.grad, plain.bias.grad)
+    if base is nn.Linear:
+        torch.testing.assert_close(layer.weight.grad,
+                                   out0.grad.t().mm(reference.mink(x, 0.9)))
+
+
+@pytest.mark.parametrize("base", [nn.Linear, nn.Conv2d])
 def test_an_activation_after_a_frozen_layers_op_stays_exact(path, base):
     # Weight and bias frozen (no parameter in the graph): the activation a subclass applies after
     # the matmul or convolution is still no input of it; the input gradient stays PyTorch's.
