@@ -37,8 +37,11 @@ pack hook hands dropit's C++ library only the tensors it must:
   forward (PyTorch's tutorials, ``nn.TransformerEncoderLayer``'s activation): a module whose
   class's methods name them, or that holds one of those functions as an attribute, gets a
   "functional" scope, which enters the same mode around its forward; the calls made while it is
-  the innermost scope go to the ReLU and pooling kernels. An excluded module inside it gets a
-  "dense" scope, which stops that. What the kernels do not take runs in PyTorch as it is.
+  the innermost scope go to the ReLU and pooling kernels. A Linear / convolution subclass
+  whose own code calls them (an activation after its op) routes them the same way from its
+  "weight" scope (with strategy "none", which leaves its op to PyTorch, it is a "functional"
+  one). An excluded module inside it gets a "dense" scope, which stops that. What the kernels do
+  not take runs in PyTorch as it is.
 
 LeakyReLU and ReLU6 / Hardtanh (any bounds): their saved input (in place: output) becomes
 1 bit per element, restored as a tensor their backward reads the same way (``_pack_mask``).
@@ -523,7 +526,7 @@ class _KernelMode(TorchFunctionMode):
                 return _MHA_FORWARD(*args, **kwargs)
         inplace = _RELU_FUNCS.get(func)
         if (inplace is not None and torch.is_grad_enabled()
-                and _innermost() in ("relu", "functional")):
+                and "relu" in _innermost_kernels()):
             try:
                 bound = _relu_input(*args, **kwargs)
             except TypeError:
@@ -536,7 +539,7 @@ class _KernelMode(TorchFunctionMode):
                     pass
             return func(*args, **kwargs)
         if (func in _POOL_FUNCS and torch.is_grad_enabled()
-                and _innermost() in ("pool", "functional")):
+                and "pool" in _innermost_kernels()):
             try:
                 bound = _pool_args(*args, **kwargs)
             except TypeError:
@@ -554,6 +557,11 @@ _MHA_FORWARD = _with_projections(
     ("multi_head_attention_forward", "_in_projection_packed", "_in_projection"))
 
 
+_NO_KERNELS = frozenset()
+_ALL_KERNELS = frozenset(["relu", "pool"])
+_KERNELS = {"relu": frozenset(["relu"]), "pool": frozenset(["pool"]), "functional": _ALL_KERNELS}
+
+
 def _lossy(policy):
     return policy.codec != "exact" or (policy.kind in ("mink", "random") and policy.gamma > 0)
 
@@ -562,11 +570,16 @@ class _Layer:
     """A layer to_dropit selected: what it packs and with which policy."""
 
     __slots__ = ("name", "kind", "policy", "store", "index", "step", "pool", "pad_mode",
-                 "routes", "module", "projections", "__weakref__")
+                 "routes", "kernels", "module", "projections", "__weakref__")
 
-    def __init__(self, name, kind, policy, index, module, store=frozenset(), low_memory=False):
+    def __init__(self, name, kind, policy, index, module, store=frozenset(), low_memory=False,
+                 functional=False):
         self.name, self.kind, self.policy, self.index, self.step = name, kind, policy, index, 0
         self.store = store
+        # The functional calls routed to dropit's ReLU / pooling kernels while this layer is the
+        # innermost scope: its own kind's, and with `functional` (a Linear / convolution subclass
+        # whose own code calls F.relu or F.max_pool2d) both.
+        self.kernels = _ALL_KERNELS if functional else _KERNELS.get(kind, _NO_KERNELS)
         self.pool = None
         self.module = weakref.ref(module)
         # nn.MultiheadAttention: {"in": policy, "out": policy} of the projections routed to
@@ -794,16 +807,17 @@ def _live_scope(kind):
     return None
 
 
-def _innermost():
-    """The kind of the innermost dropit scope on this thread whose forward is still running, or
-    None: F.relu goes to dropit's kernel in a "relu" or "functional" one (a module whose own code
-    calls it; not inside an excluded module, whose "dense" scope stops it), F.max_pool2d in a
-    "pool" or "functional" one."""
+def _innermost_kernels():
+    """What the innermost dropit scope on this thread whose forward is still running routes to
+    dropit's kernels (`_Layer.kernels`), or nothing: F.relu goes to the ReLU kernel in a "relu"
+    scope or one of a module whose own code calls it (a "functional" module, or a Linear /
+    convolution subclass), not inside an excluded module, whose "dense" scope stops it;
+    F.max_pool2d likewise in a "pool" scope or such a module's."""
     stack = _stack()
     if not stack:
-        return None
+        return _NO_KERNELS
     top = stack[-1]
-    return top.layer.kind if top.frame is not None and _on_stack(top.frame) else None
+    return top.layer.kernels if top.frame is not None and _on_stack(top.frame) else _NO_KERNELS
 
 
 def _on_stack(frame):
@@ -827,7 +841,7 @@ def _pre_hook(layer):
             _push_hooks(scope.pack, _unpack)
         # The mode is entered once per thread: an enclosing scope's entry serves the inner ones
         # (a second entry would run every call through the mode twice).
-        if ((layer.kind in ("pool", "relu", "functional") or scope.route)
+        if ((layer.kernels or scope.route)
                 and not any(s.mode for s in stack)):
             _KERNEL_MODE.__enter__()
             scope.mode = True
@@ -945,7 +959,8 @@ class Handle:
     def layers(self):
         """``[(name, kind), ...]`` of the hooked layers; kind is "weight", "relu", "pool", "mask"
         (LeakyReLU, ReLU6 / Hardtanh), "avgpool", "functional" (a module whose own forward calls
-        F.relu or F.max_pool2d), "dense" (an excluded module inside one), or with ``store=``:
+        F.relu or F.max_pool2d; with strategy "none" also a Linear / convolution subclass that
+        does), "dense" (an excluded module inside one), or with ``store=``:
         "layernorm", "gelu", "softmax", "dropout", "batchnorm", "activation", "attention", "pass"
         (a layer left dense inside an attention module)."""
         return [(layer.name, layer.kind) for layer in self._layers]
@@ -1086,9 +1101,10 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
         kind = _kind(module, masks, store)
         if kind is None and policy.kind != "none" and isinstance(module, nn.MultiheadAttention):
             kind = "attention"  # its projections, which its functional forward runs
-        if (kind is None and masks and not excluded(name) and not under_attention(name)
-                and _calls_functional(module)):
-            kind = "functional"  # its own F.relu / F.max_pool2d calls
+        calls = (kind in (None, "weight") and masks and not excluded(name)
+                 and not under_attention(name) and _calls_functional(module))
+        if calls and (kind is None or policy.kind == "none"):
+            kind = "functional"  # its own F.relu / F.max_pool2d calls (Linear/Conv: no policy)
         parent = name.rpartition(".")[0]
         # The outermost excluded module inside a "functional" one (not in an attention module,
         # where "pass" does it): its scope stops the routing of F.relu / F.max_pool2d calls, as
@@ -1099,7 +1115,7 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
             continue
         if parent in projecting and name == child(parent, "out_proj"):
             continue  # never called: its parent routes the F.linear that stands for it
-        if kind == "functional":
+        if kind == "functional" or calls:  # a Linear / convolution subclass may call them too
             functional.append(name)
         elif blocks:
             kind = "dense"
@@ -1132,7 +1148,8 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
                                            "out": None if excluded(out) else policy_of(out)})
             else:
                 layer = _Layer(name, kind, policy_of(name) if kind == "weight" else policy, index,
-                               module, low_memory=bool(low_memory))
+                               module, low_memory=bool(low_memory),
+                               functional=kind == "weight" and name in functional)
             hooks.append(module.register_forward_pre_hook(_pre_hook(layer)))
             hooks.append(module.register_forward_hook(_post_hook(layer)))
             layers.append(layer)

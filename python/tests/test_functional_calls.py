@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dropit
+import reference
 
 
 def mask_bytes(*shapes):
@@ -178,3 +179,69 @@ def test_a_forward_that_raised_routes_nothing_and_is_closed_by_the_next():
     assert held == ROOT + BLOCK and net.modes[-1] == 1
     assert torch.overrides._len_torch_function_stack() == 0 and not dropit._hooks._stack()
     handle.remove()
+
+
+class LinearReLU(nn.Linear):
+    """A Linear subclass that applies F.relu after its matmul."""
+
+    def forward(self, x):
+        return F.relu(super().forward(x))
+
+
+class ConvReLUPool(nn.Conv2d):
+    """A Conv2d subclass that applies F.relu and F.max_pool2d after its convolution."""
+
+    def forward(self, x):
+        return F.max_pool2d(F.relu(super().forward(x)), 2)
+
+
+class SubclassNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = ConvReLUPool(2, 4, 3, padding=1)
+        self.fc = LinearReLU(4 * 6 * 6, 16)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(self.fc(self.conv(x).flatten(1)))
+
+
+@pytest.mark.parametrize("route", [True, False])
+@pytest.mark.parametrize("strategy", ["none", "mink"])
+def test_a_linear_or_conv_subclass_calling_relu_keeps_masks(monkeypatch, route, strategy):
+    # The F.relu / F.max_pool2d a Linear or Conv2d subclass applies after its op run dropit's
+    # kernels, as in a "functional" module; with strategy "none" the layer is one (its op stays
+    # PyTorch's). Oracle: plain PyTorch, the weight gradients from its output gradients and the
+    # topk oracle's sparsified inputs.
+    monkeypatch.setattr(dropit._hooks, "_ROUTE_WEIGHT_LAYERS", route)
+    net = SubclassNet()
+    plain = copy.deepcopy(net)
+    kinds = dict(dropit.to_dropit(net, strategy, 0.9).layers)
+    expected = "functional" if strategy == "none" else "weight"
+    assert kinds == ({"conv": expected, "fc": expected} if strategy == "none"
+                     else {"conv": expected, "fc": expected, "head": expected})
+    x = torch.randn(BATCH, 2, 12, 12)
+    g = torch.randn(BATCH, 10)
+    y, held, gx, grads = step(net, x, g)
+    assert held == mask_bytes((BATCH, 4, 12, 12), (BATCH, 16)) + code_bytes((BATCH, 4, 6, 6))
+    assert dropit.live_saved_bytes().total == 0
+    x0 = x.clone().requires_grad_(True)
+    conv0 = plain.conv._conv_forward(x0, plain.conv.weight, plain.conv.bias)
+    flat0 = F.max_pool2d(F.relu(conv0), 2).flatten(1)
+    fc0 = F.linear(flat0, plain.fc.weight, plain.fc.bias)
+    head_in0 = F.relu(fc0)
+    for t in (conv0, fc0, head_in0):
+        t.retain_grad()
+    y0 = plain.head(head_in0)
+    y0.backward(g)
+    assert torch.equal(y, y0.detach()) and torch.equal(gx, x0.grad)
+    for name, p0 in plain.named_parameters():
+        if strategy == "none" or name.endswith("bias"):
+            assert torch.equal(grads[name], p0.grad), name
+    if strategy == "mink":
+        torch.testing.assert_close(grads["fc.weight"],
+                                   fc0.grad.t().mm(reference.mink(flat0.detach(), 0.9)))
+        torch.testing.assert_close(grads["head.weight"],
+                                   g.t().mm(reference.mink(head_in0.detach(), 0.9)))
+        torch.testing.assert_close(grads["conv.weight"], reference.conv_weight_grad(
+            plain.conv, reference.mink(x, 0.9), (1, 1), conv0.grad))
