@@ -14,6 +14,11 @@ back as a dense tensor of zeros (PyTorch's backward reads a dense tensor). It tr
 weight gradients are wrong) and leaves ReLU and MaxPool2d as PyTorch runs them; it prices the
 hooks, one read of every Linear/Conv input in forward and one dense write of it in backward.
 
+``--models cnn-functional`` is the same CNN written as PyTorch's tutorials write one, its ReLUs and
+poolings F.relu / F.max_pool2d calls in its forward: ``to_dropit`` then routes them to its kernels
+through a ``TorchFunctionMode`` around that forward (every torch call of it passes through the
+mode), which this prices against the CNN's nn.ReLU / nn.MaxPool2d modules.
+
 For each model: the bytes the graph holds after forward and the peak of one step's forward and
 backward above what was held before it (dropit's counting CPU allocator), the step time
 (forward, cross-entropy, backward, AdamW) over real Fashion-MNIST batches, and the minor page
@@ -31,7 +36,8 @@ that is never handed back, so no configuration pays page faults after the warm-u
 ratios compare the work alone.
 
     bench/python_step_bench.py [--rounds 200] [--warmup 20] [--batch-size 128] [--threads 2]
-                               [--gamma 0.9] [--models cnn vit] [--steady-heap]
+                               [--gamma 0.9] [--models cnn vit [cnn-functional]]
+                               [--steady-heap]
                                [--json FILE] [--markdown FILE]
 
 Needs dropit importable (PYTHONPATH=build/release/python, or a pip-installed package).
@@ -52,6 +58,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples", "python"))
@@ -103,10 +110,36 @@ def hook_floor(net):
             module.register_forward_hook(post)
 
 
+class FunctionalCNN(nn.Module):
+    """The CNN with its poolings and ReLUs as F.max_pool2d / F.relu calls in its own forward, as
+    PyTorch's tutorials write one (to_dropit routes them through its kernel mode): the same
+    Conv2d and Linear modules, the same function."""
+
+    def __init__(self, cnn):
+        super().__init__()
+        self.conv1, self.conv2, self.fc1, self.fc2 = cnn[0], cnn[3], cnn[7], cnn[9]
+
+    def forward(self, x):
+        x = F.relu(F.max_pool2d(self.conv1(x), 2))
+        x = F.relu(F.max_pool2d(self.conv2(x), 2))
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+MODELS = ("cnn", "vit", "cnn-functional")
+# DropIT's exclusions (first layer and head dense) by module name.
+EXCLUDE = dict(fmnist.REFERENCE_EXCLUDE, **{"cnn-functional": ("conv1", "fc2")})
+
+
+def make_model(model):
+    if model == "cnn-functional":
+        return FunctionalCNN(fmnist.make_model("cnn"))
+    return fmnist.make_model(model)
+
+
 def configurations(model, gamma):
     """(name, model) for every configuration, all from the same initial weights."""
     torch.manual_seed(0)
-    base = fmnist.make_model(model)
+    base = make_model(model)
     plain = copy.deepcopy(base)
     converted = copy.deepcopy(base)
     dropit.to_dropit(converted, "mink", gamma)
@@ -117,7 +150,7 @@ def configurations(model, gamma):
     low_memory = copy.deepcopy(base)
     dropit.to_dropit(low_memory, "mink", gamma, low_memory=True)
     excluded = copy.deepcopy(base)
-    dropit.to_dropit(excluded, "mink", gamma, exclude=fmnist.REFERENCE_EXCLUDE[model])
+    dropit.to_dropit(excluded, "mink", gamma, exclude=EXCLUDE[model])
     reference = copy.deepcopy(base)
     fmnist.reference_to_dropit(reference, gamma)
     floor = copy.deepcopy(base)
@@ -245,7 +278,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--gamma", type=float, default=0.9)
-    p.add_argument("--models", nargs="+", default=["cnn", "vit"])
+    p.add_argument("--models", nargs="+", default=["cnn", "vit"], choices=MODELS,
+                   help="cnn-functional: the CNN calling F.relu / F.max_pool2d in its forward")
     p.add_argument("--steady-heap", action="store_true",
                    help="glibc keeps its heap: no page faults after the warm-up (module doc)")
     p.add_argument("--json", default="")
