@@ -10,7 +10,9 @@ pack hook hands dropit's C++ library only the tensors it must:
   enters the ``TorchFunctionMode`` below, which routes the layer's own ``F.linear`` (GPT-2's
   ``torch.addmm``) call there. What that function does not take (autocast, a tensor subclass, an
   input computed in the forward, a weight that is no parameter) and a lossless policy (gamma 0,
-  exact values: PyTorch's gradients bit for bit) take the hook path below. With
+  exact values: PyTorch's gradients bit for bit) take the hook path below. An nn.Linear whose
+  forward is nn.Linear's own (that call alone) opens the saved-tensor hooks only around the call
+  when PyTorch runs it, so the C++ Linear's saved tensors skip the Python hooks. With
   ``low_memory=True`` a Conv2d's own ``F.conv2d`` goes the same way (``_C._conv2d``: forward and
   backward in pieces of samples).
 * nn.MultiheadAttention: its in and out projections (``F.linear`` calls inside its functional
@@ -519,6 +521,12 @@ class _KernelMode(TorchFunctionMode):
                 out = _route_weight_layer(scope, func, args, kwargs)
                 if out is not None:
                     return out
+                if not scope.hooks:  # the layer's op in PyTorch: its saved input is packed
+                    _push_hooks(scope.pack, _unpack)
+                    try:
+                        return func(*args, **kwargs)
+                    finally:
+                        _pop_hooks()
             return func(*args, **kwargs)
         if func is F.multi_head_attention_forward and _MHA_FORWARD is not None:
             scope = _live_scope("attention")
@@ -570,7 +578,7 @@ class _Layer:
     """A layer to_dropit selected: what it packs and with which policy."""
 
     __slots__ = ("name", "kind", "policy", "store", "index", "step", "pool", "pad_mode",
-                 "routes", "kernels", "module", "projections", "__weakref__")
+                 "routes", "lone_op", "kernels", "module", "projections", "__weakref__")
 
     def __init__(self, name, kind, policy, index, module, store=frozenset(), low_memory=False,
                  functional=False):
@@ -591,6 +599,9 @@ class _Layer:
         self.routes = (kind == "weight" and _lossy(policy)
                        and (isinstance(module, nn.Linear) or _is_conv1d(module)
                             or (low_memory and isinstance(module, nn.Conv2d))))
+        # whether its forward is nn.Linear's own (one F.linear call, nothing else saved)
+        self.lone_op = (kind == "weight" and type(module).forward is nn.Linear.forward
+                        and "forward" not in vars(module))
         if kind == "pool":
             pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
             stride = module.stride if module.stride is not None else module.kernel_size
@@ -638,8 +649,12 @@ class _Scope:
         # whether it opened saved-tensor hooks: a "functional" scope (a module whose own code
         # calls F.relu or F.max_pool2d) only routes those calls, a "dense" one (an excluded
         # module inside one) only stops that routing
-        self.hooks = layer.kind not in ("functional", "dense")
         self.route = _ROUTE_WEIGHT_LAYERS and layer.routes  # enters _KERNEL_MODE for its op
+        # An nn.Linear's forward is its F.linear call alone: routed, its scope opens the hooks
+        # only around that call when PyTorch runs it (`_KernelMode`), not for dropit's C++
+        # Linear, whose saved tensors (the weight, the payload) pass the hooks unchanged.
+        self.hooks = layer.kind not in ("functional", "dense") and not (
+            self.route and layer.lone_op)
         # whether the layer's op (matmul, convolution) has run: it saved its input (packed here)
         # or its weight, or dropit's C++ layer ran it; a tensor without autograd history saved
         # after it is no copy of the input (a dropout's noise on the output, say)

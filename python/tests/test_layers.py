@@ -306,6 +306,37 @@ def test_kernel_path_takes_only_the_layers_own_call():
     assert torch.equal(x.grad, torch.ones(6, 4).mm(lin.weight))
 
 
+def test_a_routed_linear_opens_the_hooks_only_around_a_pytorch_op(monkeypatch):
+    # nn.Linear's forward is its F.linear call alone: on the kernel path no saved tensor passes
+    # the Python pack hook (the C++ Linear's weight and payload need nothing from it), unless
+    # PyTorch runs the op (a tensor subclass: the hook packs its input) or the forward is not
+    # nn.Linear's (a subclass's or an instance's own: the hooks around all of it, as before).
+    calls = []
+    pack = dropit._hooks._Scope.pack
+    monkeypatch.setattr(dropit._hooks._Scope, "pack", lambda self, t: calls.append(t) or pack(
+        self, t))
+
+    class Own(nn.Linear):
+        def forward(self, x):
+            return super().forward(x)
+
+    x = torch.randn(6, 8, requires_grad=True)
+    lin, own, patched = nn.Linear(8, 4), Own(8, 4), nn.Linear(8, 4)
+    patched.forward = lambda x: F.linear(x, patched.weight, patched.bias)
+    for layer in (lin, own, patched):
+        dropit.to_dropit(layer, "mink", 0.5)
+    y = lin(x)
+    assert y.grad_fn.name() in KERNEL_NODES and not calls
+    y.sum().backward()
+    y = lin(x.detach().clone().as_subclass(_Subclass).requires_grad_(True))
+    assert torch.equal(saved(y, "mat1"), reference.mink(x.detach(), 0.5)) and calls
+    for layer in (own, patched):
+        calls.clear()
+        y = layer(x)
+        assert y.grad_fn.name() in KERNEL_NODES and len(calls) == 2  # the weight, the payload
+        assert torch.equal(y, F.linear(x, layer.weight, layer.bias))
+
+
 @pytest.mark.parametrize("act", [F.relu, torch.tanh])
 def test_what_a_linear_subclass_computes_after_its_matmul_stays_exact(path, act):
     # A Linear subclass that applies an activation to its output: the activation's saved tensor
