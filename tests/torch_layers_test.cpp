@@ -227,6 +227,62 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "torch: a Linear's weight gradient from the kept elements alone equals the topk oracle's, "
+    "for every position encoding, fp32 and fp64, on one worker and on two") {
+  // kept_product.hpp: x^T g from the payload without rebuilding x, where at most a quarter is
+  // kept. 613 x 53 elements: four Elias-Fano blocks and a partial one; 37 outputs: the AVX-512
+  // kernel's 16-lane steps and a tail. gamma 0.5 keeps too many: the rebuild path, same oracle.
+  using dropit::position_choice;
+  using dropit::position_encoding;
+  using dropit::detail::fork_meter;
+  struct encoding_case {
+    double gamma;
+    position_choice choice;
+    position_encoding encoding;
+  };
+  const std::vector<encoding_case> cases = {
+      {0.8, position_choice::no_elias_fano, position_encoding::bitmask},
+      {0.9, position_choice::smallest, position_encoding::elias_fano},
+      {0.99, position_choice::smallest, position_encoding::elias_fano},
+      {0.9999, position_choice::smallest, position_encoding::index32},
+      {0.5, position_choice::smallest, position_encoding::bitmask}};
+  const int threads_before = at::get_num_threads();
+  at::set_num_threads(2);
+  const std::int64_t rows = 613, in = 53, out = 37;
+  const auto n = static_cast<std::size_t>(rows * in);
+  for (auto dtype : {torch::kFloat, torch::kDouble})
+    for (bool fork : {false, true})
+      for (const auto& c : cases) {
+        CAPTURE(dtype);
+        CAPTURE(fork);
+        CAPTURE(c.gamma);
+        const std::size_t size = dtype == torch::kFloat ? 4 : 8;
+        CHECK(dropit::make_layout(n, dropit::MinK<>{c.gamma}.kept(n), size,
+                                  dropit::value_codec::exact, c.choice)
+                  .positions == c.encoding);
+        auto policy = make_policy(dt::policy_kind::mink, c.gamma);
+        policy.positions = c.choice;
+        auto x = tie_free({rows, in}, dtype, 41);
+        auto w = torch::randn({out, in}, dtype);
+        auto b = torch::randn({out}, dtype);
+        fork_meter::set(fork ? 0 : std::uint64_t{1} << 40, true);
+        const auto forks = fork_meter::samples();
+        auto got =
+            run([&](auto& x_, auto& w_, auto& b_) { return dt::linear(x_, w_, opt(b_), policy); },
+                x, w, b);
+        if (fork && c.gamma > 0.5) CHECK(fork_meter::samples() > forks);
+        auto sparse =
+            run([&](auto&, auto& w_,
+                    auto& b_) { return torch::linear(topk_sparsified(x, c.gamma), w_, b_); },
+                x, w, b);
+        CHECK(rel_diff(got.gw, sparse.gw) <= (dtype == torch::kDouble ? 1e-12 : 1e-5));
+        CHECK(rel_diff(got.gb, sparse.gb) <= (dtype == torch::kDouble ? 1e-12 : 1e-5));
+      }
+  fork_meter::set(0, true);
+  at::set_num_threads(threads_before);
+}
+
 TEST_CASE("torch: MinK's kept set equals torch::topk(x.abs(), k) on tie-free input") {
   for (auto dtype : {torch::kFloat, torch::kDouble}) {
     for (std::int64_t n : {1000, 4096, 100000}) {

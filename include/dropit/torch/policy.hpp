@@ -90,7 +90,8 @@ struct saved_bytes {
 
 /**
  * @brief Sets the size of the pieces in which dropit's layers rebuild a saved input in backward
- * (rows of a Linear/Conv1D input, samples of a Conv2d input) and in which Conv2d runs its
+ * (rows of a Linear/Conv1D input that is not summed from its kept elements alone, see `linear`;
+ * samples of a Conv2d input) and in which Conv2d runs its
  * convolutions (forward and backward), so that no temporary grows with the batch beyond it.
  *
  * 0 means never split. The default is 1 MiB. A layer's output and input gradient are whole tensors

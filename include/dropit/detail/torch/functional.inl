@@ -109,14 +109,20 @@ inline void save_input(AutogradContext* ctx, const at::Tensor& x, const at::Tens
   return (count + pieces - 1) / pieces;
 }
 
-/// The weight gradient of a matmul layer, g2 [rows, out] against the packed input [rows, in],
-/// accumulated over pieces of rows so the rebuilt input never exists whole:
+/// The weight gradient of a matmul layer, g2 [rows, out] against the packed input [rows, in]:
+/// from the kept elements alone where few are kept (kept_product.hpp), else accumulated over
+/// pieces of rows so the rebuilt input never exists whole.
 /// `transposed` false gives g2^T x ([out, in], Linear), true gives x^T g2 ([in, out], Conv1D).
 [[nodiscard]] inline at::Tensor matmul_weight_grad(const at::Tensor& packed, bool by_reference,
                                                    const at::Tensor& g2, std::int64_t in,
                                                    bool transposed, const at::Tensor& w) {
   const std::int64_t rows = g2.size(0);
   if (rows == 0) return at::zeros_like(w);
+  at::Tensor xtg;  // x^T g [in, out] from the kept elements alone, where that pays
+  if (!by_reference &&
+      box_of<cache_box>(packed).cache.kept_product(g2, static_cast<std::size_t>(in), xtg)) {
+    return transposed ? xtg : xtg.t().contiguous();
+  }
   const std::int64_t step =
       slices_per_piece(rows, static_cast<std::size_t>(in) * g2.element_size());
   at::Tensor gw;

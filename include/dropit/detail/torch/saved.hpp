@@ -8,6 +8,7 @@
  */
 #pragma once
 
+#include <dropit/detail/torch/kept_product.hpp>
 #include <dropit/detail/torch/restore_range.hpp>
 #include <dropit/exec/host.hpp>
 #include <dropit/sparse_cache.hpp>
@@ -125,6 +126,35 @@ class any_cache {
       detail::restore_range(c.layout(), c.payload().data(), c.restore_scale(), begin, end,
                             static_cast<T*>(out));
     });
+  }
+
+  /**
+   * acc = x^T g2 [in, out] straight from the payload (kept_product.hpp), x the packed
+   * [rows, in] matrix and g2 [rows, out] (CPU, the packed dtype): for an exact-values fp32 or
+   * fp64 payload with at most `kept_product_max_density` of its elements kept; false (acc
+   * untouched) for any other, which the caller rebuilds instead.
+   */
+  [[nodiscard]] bool kept_product(const at::Tensor& g2, std::size_t in, at::Tensor& acc) const {
+    bool done = false;
+    with_held([&](const auto& c) {
+      using T = typename std::decay_t<decltype(c)>::value_type;
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        const packed_layout& l = c.layout();
+        if (l.codec != value_codec::exact || l.positions == position_encoding::none ||
+            static_cast<double>(l.k) > kept_product_max_density * static_cast<double>(l.n) ||
+            g2.scalar_type() != c10::CppTypeToScalarType<T>::value || in == 0 ||
+            static_cast<std::size_t>(g2.size(0)) * in != l.n) {
+          return;
+        }
+        const at::Tensor g = g2.contiguous();
+        const auto out = static_cast<std::size_t>(g.size(1));
+        acc = at::empty({static_cast<std::int64_t>(in), g.size(1)}, g.options());
+        detail::kept_product<T>(l, c.payload().data(), c.restore_scale(), in, out, g.data_ptr<T>(),
+                                acc.data_ptr<T>(), static_cast<unsigned>(at::get_num_threads()));
+        done = true;
+      }
+    });
+    return done;
   }
 
   /// Elements of the packed tensor.
