@@ -230,9 +230,10 @@ TEST_CASE(
 TEST_CASE(
     "torch: a Linear's weight gradient from the kept elements alone equals the topk oracle's, "
     "for every position encoding, fp32 and fp64, on one worker and on two") {
-  // kept_product.hpp: x^T g from the payload without rebuilding x, where at most a quarter is
+  // kept_product.hpp: x^T g from the payload without rebuilding x, where at most 15% is
   // kept. 613 x 53 elements: four Elias-Fano blocks and a partial one; 37 outputs: the AVX-512
-  // kernel's 16-lane steps and a tail. gamma 0.5 keeps too many: the rebuild path, same oracle.
+  // kernel's 16-lane steps and a tail. gamma 0.8 and 0.5 keep too many: the rebuild path, same
+  // oracle.
   using dropit::position_choice;
   using dropit::position_encoding;
   using dropit::detail::fork_meter;
@@ -242,10 +243,11 @@ TEST_CASE(
     position_encoding encoding;
   };
   const std::vector<encoding_case> cases = {
-      {0.8, position_choice::no_elias_fano, position_encoding::bitmask},
+      {0.9, position_choice::no_elias_fano, position_encoding::bitmask},
       {0.9, position_choice::smallest, position_encoding::elias_fano},
       {0.99, position_choice::smallest, position_encoding::elias_fano},
       {0.9999, position_choice::smallest, position_encoding::index32},
+      {0.8, position_choice::no_elias_fano, position_encoding::bitmask},
       {0.5, position_choice::smallest, position_encoding::bitmask}};
   const int threads_before = at::get_num_threads();
   at::set_num_threads(2);
@@ -271,7 +273,7 @@ TEST_CASE(
         auto got =
             run([&](auto& x_, auto& w_, auto& b_) { return dt::linear(x_, w_, opt(b_), policy); },
                 x, w, b);
-        if (fork && c.gamma > 0.5) CHECK(fork_meter::samples() > forks);
+        if (fork && c.gamma > 0.85) CHECK(fork_meter::samples() > forks);
         auto sparse =
             run([&](auto&, auto& w_,
                     auto& b_) { return torch::linear(topk_sparsified(x, c.gamma), w_, b_); },
