@@ -3,6 +3,7 @@
 // pieces (chunking), plain paths, to_dropit, errors.
 #include <dropit/torch.hpp>
 
+#include "codec_oracle.hpp"
 #include "test_support.hpp"
 #include "torch_test_support.hpp"
 #include <doctest/doctest.h>
@@ -230,10 +231,12 @@ TEST_CASE(
 TEST_CASE(
     "torch: a Linear's weight gradient from the kept elements alone equals the topk oracle's, "
     "for every position encoding, fp32 and fp64, on one worker and on two") {
-  // kept_product.hpp: x^T g from the payload without rebuilding x, where at most 15% is
-  // kept. 613 x 53 elements: four Elias-Fano blocks and a partial one; 37 outputs: the AVX-512
-  // kernel's 16-lane steps and a tail. gamma 0.8 and 0.5 keep too many: the rebuild path, same
-  // oracle.
+  // kept_product.hpp: x^T g from the payload without rebuilding x, where the cost model says it
+  // pays (here gamma 0.8 on; 0.5 rebuilds). 613 x 53 elements: four Elias-Fano blocks and a
+  // partial one; 37 outputs: the AVX-512 kernel's 16-lane steps and a tail. With the fork meter
+  // at 0 the product forks at gamma 0.9 (checked); fewer kept elements do not pay for a second
+  // worker's sum matrix however cheap the fork. Each payload's weight gradient is also forced
+  // down each path (matmul_weight_grad), against the same oracle.
   using dropit::position_choice;
   using dropit::position_encoding;
   using dropit::detail::fork_meter;
@@ -273,14 +276,81 @@ TEST_CASE(
         auto got =
             run([&](auto& x_, auto& w_, auto& b_) { return dt::linear(x_, w_, opt(b_), policy); },
                 x, w, b);
-        if (fork && c.gamma > 0.85) CHECK(fork_meter::samples() > forks);
+        if (fork && c.gamma == 0.9) CHECK(fork_meter::samples() > forks);
         auto sparse =
             run([&](auto&, auto& w_,
                     auto& b_) { return torch::linear(topk_sparsified(x, c.gamma), w_, b_); },
                 x, w, b);
-        CHECK(rel_diff(got.gw, sparse.gw) <= (dtype == torch::kDouble ? 1e-12 : 1e-5));
-        CHECK(rel_diff(got.gb, sparse.gb) <= (dtype == torch::kDouble ? 1e-12 : 1e-5));
+        const double tol = dtype == torch::kDouble ? 1e-12 : 1e-5;
+        CHECK(rel_diff(got.gw, sparse.gw) <= tol);
+        CHECK(rel_diff(got.gb, sparse.gb) <= tol);
+        const auto g = torch::randn({rows, out}, dtype);
+        const auto want = g.t().mm(topk_sparsified(x, c.gamma));
+        const auto packed = dt::detail::save_packed(x, policy);
+        for (auto path :
+             {dt::detail::weight_grad_path::kept, dt::detail::weight_grad_path::rebuild}) {
+          CAPTURE(static_cast<int>(path));
+          CHECK(rel_diff(dt::detail::matmul_weight_grad(packed, false, g, in, false, w, path),
+                         want) <= tol);
+          CHECK(rel_diff(dt::detail::matmul_weight_grad(packed, false, g, in, true, w, path),
+                         want.t()) <= tol);
+        }
       }
+  fork_meter::set(0, true);
+  at::set_num_threads(threads_before);
+}
+
+TEST_CASE(
+    "torch: with int8 or fp8 kept values, a Linear's weight gradient from the kept elements "
+    "equals the product with the brute-force quantized topk input, on one worker and on two") {
+  // kept_product.hpp decodes a chunk's 8-bit values next to its positions. Oracle: topk's kept
+  // set, its values in index order quantized by codec_oracle.hpp, times the output gradient.
+  // 613 x 53 elements keep 3249 at gamma 0.9: four codec chunks, the last partial. gamma 0.5 is
+  // the rebuild path, same oracle.
+  using dropit::detail::fork_meter;
+  const int threads_before = at::get_num_threads();
+  at::set_num_threads(2);
+  const std::int64_t rows = 613, in = 53, out = 37;
+  for (auto codec : {dropit::value_codec::int8, dropit::value_codec::fp8_e4m3})
+    for (auto positions :
+         {dropit::position_choice::smallest, dropit::position_choice::no_elias_fano})
+      for (double gamma : {0.9, 0.99, 0.5})
+        for (bool fork : {false, true}) {
+          CAPTURE(codec);
+          CAPTURE(positions);
+          CAPTURE(gamma);
+          CAPTURE(fork);
+          auto policy = make_policy(dt::policy_kind::mink, gamma);
+          policy.codec = codec;
+          policy.positions = positions;
+          auto x = tie_free({rows, in}, torch::kFloat, 43);
+          auto w = torch::randn({out, in});
+          auto b = torch::randn({out});
+          fork_meter::set(fork ? 0 : std::uint64_t{1} << 40, true);
+          const auto forks = fork_meter::samples();
+          auto got =
+              run([&](auto& x_, auto& w_, auto& b_) { return dt::linear(x_, w_, opt(b_), policy); },
+                  x, w, b);
+          if (fork && gamma == 0.9) CHECK(fork_meter::samples() > forks);
+          // The oracle's input: topk's positions in index order, their values coded.
+          const auto flat = x.reshape({-1});
+          const auto k = static_cast<std::int64_t>(
+              dropit_test::expected_k(static_cast<std::size_t>(rows * in), gamma));
+          const auto kept_idx = std::get<0>(std::get<1>(torch::topk(flat.abs(), k)).sort());
+          std::vector<std::size_t> kept(static_cast<std::size_t>(kept_idx.numel()));
+          for (std::size_t j = 0; j < kept.size(); ++j)
+            kept[j] = static_cast<std::size_t>(
+                kept_idx[static_cast<std::int64_t>(j)].item<std::int64_t>());
+          const auto dense = dropit_test::oracle_coded_dense<float>(
+              std::span<const float>(flat.data_ptr<float>(),
+                                     static_cast<std::size_t>(flat.numel())),
+              kept, codec == dropit::value_codec::fp8_e4m3);
+          const auto x_hat = torch::from_blob(const_cast<float*>(dense.data()), {rows, in}).clone();
+          auto want =
+              run([&](auto&, auto& w_, auto& b_) { return torch::linear(x_hat, w_, b_); }, x, w, b);
+          CHECK(rel_diff(got.gw, want.gw) <= 1e-5);
+          CHECK(rel_diff(got.gb, want.gb) <= 1e-5);
+        }
   fork_meter::set(0, true);
   at::set_num_threads(threads_before);
 }

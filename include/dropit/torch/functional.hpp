@@ -37,10 +37,11 @@ namespace dropit::torch {
 /**
  * @brief `y = x W^T + b` (torch::nn::Linear), saving x through dropit.
  *
- * The weight gradient comes from the sparsified input: for an fp32 or fp64 payload with exact
- * values and at most 15% of x kept (gamma >= 0.85), straight from the kept elements (x^T g summed
- * over them, no rebuilt input: a tenth of the multiply-adds at gamma 0.9); otherwise from the input
- * rebuilt in pieces of rows (`set_chunk_bytes`); `gpt2_conv1d` likewise. Under `create_graph` it
+ * The weight gradient comes from the sparsified input: for an fp32 or fp64 payload (exact or
+ * 8-bit values) where a fitted cost model says it is faster (from gamma 0.8 on for most shapes:
+ * `detail::kept_product_pays`), straight from the kept elements (x^T g summed over them, no
+ * rebuilt input: a tenth of the multiply-adds at gamma 0.9); otherwise from the input rebuilt in
+ * pieces of rows (`set_chunk_bytes`); `gpt2_conv1d` likewise. Under `create_graph` it
  * is differentiable in x too, as PyTorch's saved-tensor hooks make a restored tensor: the rebuilt
  * input (whole, not in pieces) takes x's place in the graph, its kept values standing for x; at
  * gamma = 0 double backward equals LibTorch's. The same holds for the convolutions and

@@ -112,20 +112,20 @@ inline void save_input(AutogradContext* ctx, const at::Tensor& x, const at::Tens
 /// The weight gradient of a matmul layer, g2 [rows, out] against the packed input [rows, in]:
 /// from the kept elements alone where few are kept (kept_product.hpp), else accumulated over
 /// pieces of rows so the rebuilt input never exists whole.
-/// `transposed` false gives g2^T x ([out, in], Linear), true gives x^T g2 ([in, out], Conv1D).
-[[nodiscard]] inline at::Tensor matmul_weight_grad(const at::Tensor& packed, bool by_reference,
-                                                   const at::Tensor& g2, std::int64_t in,
-                                                   bool transposed, const at::Tensor& w) {
+/// `transposed` false gives g2^T x ([out, in], Linear), true gives x^T g2 ([in, out], Conv1D);
+/// `path` forces one of the two ways (benchmarks, tests).
+[[nodiscard]] inline at::Tensor matmul_weight_grad(
+    const at::Tensor& packed, bool by_reference, const at::Tensor& g2, std::int64_t in,
+    bool transposed, const at::Tensor& w, weight_grad_path path = weight_grad_path::cheaper) {
   const std::int64_t rows = g2.size(0);
   if (rows == 0) return at::zeros_like(w);
-  at::Tensor xtg;  // x^T g [in, out] from the kept elements alone, where that pays
-  if (!by_reference &&
-      box_of<cache_box>(packed).cache.kept_product(g2, static_cast<std::size_t>(in), xtg)) {
-    return transposed ? xtg : xtg.t().contiguous();
+  at::Tensor gw;  // from the kept elements alone, where that pays
+  if (!by_reference && box_of<cache_box>(packed).cache.kept_product(
+                           g2, static_cast<std::size_t>(in), !transposed, gw, path)) {
+    return gw;
   }
   const std::int64_t step =
       slices_per_piece(rows, static_cast<std::size_t>(in) * g2.element_size());
-  at::Tensor gw;
   for (std::int64_t r0 = 0; r0 < rows; r0 += step) {
     const std::int64_t len = std::min(step, rows - r0);
     const at::Tensor x =

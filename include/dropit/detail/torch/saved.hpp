@@ -129,28 +129,31 @@ class any_cache {
   }
 
   /**
-   * acc = x^T g2 [in, out] straight from the payload (kept_product.hpp), x the packed
-   * [rows, in] matrix and g2 [rows, out] (CPU, the packed dtype): for an exact-values fp32 or
-   * fp64 payload with at most `kept_product_max_density` of its elements kept; false (acc
-   * untouched) for any other, which the caller rebuilds instead.
+   * x^T g2 straight from the payload (kept_product.hpp) into a new `acc`, [in, out] or with
+   * `out_major` [out, in], x the packed [rows, in] matrix and g2 [rows, out] (CPU, the packed
+   * dtype): for an fp32 or fp64 payload (exact or 8-bit values) with positions, where `path` is
+   * `kept` or `kept_product_pays`; false (acc untouched) otherwise, and the caller rebuilds x.
    */
-  [[nodiscard]] bool kept_product(const at::Tensor& g2, std::size_t in, at::Tensor& acc) const {
+  [[nodiscard]] bool kept_product(const at::Tensor& g2, std::size_t in, bool out_major,
+                                  at::Tensor& acc,
+                                  weight_grad_path path = weight_grad_path::cheaper) const {
     bool done = false;
     with_held([&](const auto& c) {
       using T = typename std::decay_t<decltype(c)>::value_type;
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
         const packed_layout& l = c.layout();
-        if (l.codec != value_codec::exact || l.positions == position_encoding::none ||
-            static_cast<double>(l.k) > kept_product_max_density * static_cast<double>(l.n) ||
-            g2.scalar_type() != c10::CppTypeToScalarType<T>::value || in == 0 ||
+        if (path == weight_grad_path::rebuild || l.positions == position_encoding::none ||
+            g2.dim() != 2 || g2.scalar_type() != c10::CppTypeToScalarType<T>::value || in == 0 ||
             static_cast<std::size_t>(g2.size(0)) * in != l.n) {
           return;
         }
+        const auto out = static_cast<std::size_t>(g2.size(1));
+        if (path == weight_grad_path::cheaper && !kept_product_pays(l.n, l.k, in, out)) return;
         const at::Tensor g = g2.contiguous();
-        const auto out = static_cast<std::size_t>(g.size(1));
         acc = at::empty({static_cast<std::int64_t>(in), g.size(1)}, g.options());
         detail::kept_product<T>(l, c.payload().data(), c.restore_scale(), in, out, g.data_ptr<T>(),
                                 acc.data_ptr<T>(), static_cast<unsigned>(at::get_num_threads()));
+        if (out_major) acc = acc.t().contiguous();
         done = true;
       }
     });
