@@ -120,9 +120,9 @@ inline void save_input(AutogradContext* ctx, const at::Tensor& x, const at::Tens
   const std::int64_t rows = g2.size(0);
   if (rows == 0) return at::zeros_like(w);
   at::Tensor gw;  // from the kept elements alone, where that pays
-  if (!by_reference && box_of<cache_box>(packed).cache.kept_product(
-                           g2, static_cast<std::size_t>(in), !transposed, gw, path)) {
-    return gw;
+  if (!by_reference &&
+      box_of<cache_box>(packed).cache.kept_product(g2, static_cast<std::size_t>(in), gw, path)) {
+    return transposed ? gw : gw.t().contiguous();  // x^T g2 is [in, out]; a Linear's is [out, in]
   }
   const std::int64_t step =
       slices_per_piece(rows, static_cast<std::size_t>(in) * g2.element_size());

@@ -129,13 +129,12 @@ class any_cache {
   }
 
   /**
-   * x^T g2 straight from the payload (kept_product.hpp) into a new `acc`, [in, out] or with
-   * `out_major` [out, in], x the packed [rows, in] matrix and g2 [rows, out] (CPU, the packed
-   * dtype): for an fp32 or fp64 payload (exact or 8-bit values) with positions, where `path` is
-   * `kept` or `kept_product_pays`; false (acc untouched) otherwise, and the caller rebuilds x.
+   * x^T g2 straight from the payload (kept_product.hpp) into a new `acc` [in, out], x the packed
+   * [rows, in] matrix and g2 [rows, out] (CPU, the packed dtype): for an fp32 or fp64 payload
+   * (exact or 8-bit values) with positions, where `path` is `kept` or `kept_product_pays`; false
+   * (acc untouched) otherwise, and the caller rebuilds x.
    */
-  [[nodiscard]] bool kept_product(const at::Tensor& g2, std::size_t in, bool out_major,
-                                  at::Tensor& acc,
+  [[nodiscard]] bool kept_product(const at::Tensor& g2, std::size_t in, at::Tensor& acc,
                                   weight_grad_path path = weight_grad_path::cheaper) const {
     bool done = false;
     with_held([&](const auto& c) {
@@ -153,7 +152,6 @@ class any_cache {
         acc = at::empty({static_cast<std::int64_t>(in), g.size(1)}, g.options());
         detail::kept_product<T>(l, c.payload().data(), c.restore_scale(), in, out, g.data_ptr<T>(),
                                 acc.data_ptr<T>(), static_cast<unsigned>(at::get_num_threads()));
-        if (out_major) acc = acc.t().contiguous();
         done = true;
       }
     });
