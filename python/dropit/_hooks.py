@@ -22,7 +22,9 @@ pack hook hands dropit's C++ library only the tensors it must:
   layer's input, and what the layer derives from it before its matmul or convolution (a view, an
   autocast copy, a padded copy). That tensor feeds only the weight gradient. Parameters, their
   views and copies (the weight, an autocast weight) are saved as they are, so the input gradient
-  stays exact.
+  stays exact. A layer whose forward is its own (a subclass's, an instance's, GPT-2's Conv1D)
+  packs only the input of its F.linear / addmm / convolution call whose weight is a parameter
+  (or the copy the call makes of it): its forward may save the input for other ops too.
 * ReLU: it runs through dropit's C++ kernel (``_C._relu``, ``_C._relu_``), which saves 1 bit per
   element and computes the gradient from the bits (no dense tensor in backward); for a tensor
   subclass PyTorch's relu runs and its saved output becomes a 1-bit mask.
@@ -44,6 +46,10 @@ pack hook hands dropit's C++ library only the tensors it must:
   "weight" scope (with strategy "none", which leaves its op to PyTorch, it is a "functional"
   one). An excluded module inside it gets a "dense" scope, which stops that. What the kernels do
   not take runs in PyTorch as it is.
+
+The masks and shapes below stand for what the layer's own op reads: a ReLU, pooling, LeakyReLU or
+Hardtanh subclass with its own forward keeps what it saves as it is (its F.relu / F.max_pool2d
+calls still go to the kernels, as a "functional" module's).
 
 LeakyReLU and ReLU6 / Hardtanh (any bounds): their saved input (in place: output) becomes
 1 bit per element, restored as a tensor their backward reads the same way (``_pack_mask``).
@@ -337,8 +343,8 @@ def _calls_functional(module):
     """Whether a module's forward may call F.relu (torch.relu, Tensor.relu, relu_) or
     F.max_pool2d itself: a method of its class (nn.Module's own excepted) names one, or it holds
     one of those functions as an attribute (nn.TransformerEncoderLayer's ``activation``).
-    nn.ReLU and nn.MaxPool2d modules have their own hooks."""
-    if isinstance(module, nn.ReLU | nn.MaxPool2d):
+    nn.ReLU and nn.MaxPool2d modules with their class's forward have their own hooks."""
+    if isinstance(module, nn.ReLU | nn.MaxPool2d) and _stock_forward(module):
         return False
     if _holds(module, _FUNCTIONAL_FUNCS):
         return True
@@ -399,6 +405,30 @@ def _conv2d_args(input, weight, bias=None, stride=1, padding=0, dilation=1, grou
 # func -> (its arguments as (x, weight, bias, extra) or None, dropit's function, weight's dims)
 _WEIGHT_FUNCS = {F.linear: (_linear_args, _C._linear, 2), torch.addmm: (_addmm_args, _C._conv1d, 2),
                  F.conv2d: (_conv2d_args, _C._conv2d, 4)}
+# The ops of a Linear / Conv1D / convolution layer with its own forward whose input is packed
+# (`_Scope.op`): what else its forward saves is kept as it is.
+_OP_FUNCS = frozenset(_WEIGHT_FUNCS) | {F.conv1d, F.conv3d, F.conv_transpose1d,
+                                        F.conv_transpose2d, F.conv_transpose3d}
+
+
+def _op_operands(func, args, kwargs):
+    """(input, weight) of a call of _OP_FUNCS whose weight is a parameter (a view or a copy of
+    one), else None: only then does the input serve the weight gradient alone."""
+    try:
+        if func is torch.addmm:
+            bound = _addmm_args(*args, **kwargs)
+            if bound is None:
+                return None
+            x, w = bound[0], bound[1]
+        else:
+            x = args[0] if args else kwargs["input"]
+            w = args[1] if len(args) > 1 else kwargs["weight"]
+    except (TypeError, KeyError):
+        return None
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)
+            and _is_parameter_like(w)):
+        return None
+    return x, w
 
 
 def _kernel_takes(x, w):
@@ -515,18 +545,25 @@ class _KernelMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _WEIGHT_FUNCS:
+        if func in _OP_FUNCS:
             scope = _live_scope("weight")
-            if scope is not None and scope.route and torch.is_grad_enabled():
-                out = _route_weight_layer(scope, func, args, kwargs)
-                if out is not None:
-                    return out
-                if not scope.hooks:  # the layer's op in PyTorch: its saved input is packed
-                    _push_hooks(scope.pack, _unpack)
+            if scope is not None and torch.is_grad_enabled():
+                if scope.route and func in _WEIGHT_FUNCS:
+                    out = _route_weight_layer(scope, func, args, kwargs)
+                    if out is not None:
+                        return out
+                    if not scope.hooks:  # the layer's op in PyTorch: its saved input is packed
+                        _push_hooks(scope.pack, _unpack)
+                        try:
+                            return func(*args, **kwargs)
+                        finally:
+                            _pop_hooks()
+                if scope.layer.custom:  # this op's saved input is packed (`_Scope.op`)
+                    outer, scope.op = scope.op, _op_operands(func, args, kwargs)
                     try:
                         return func(*args, **kwargs)
                     finally:
-                        _pop_hooks()
+                        scope.op = outer
             return func(*args, **kwargs)
         if func is F.multi_head_attention_forward and _MHA_FORWARD is not None:
             scope = _live_scope("attention")
@@ -578,7 +615,7 @@ class _Layer:
     """A layer to_dropit selected: what it packs and with which policy."""
 
     __slots__ = ("name", "kind", "policy", "store", "index", "step", "pool", "pad_mode",
-                 "routes", "lone_op", "kernels", "module", "projections", "__weakref__")
+                 "routes", "lone_op", "custom", "kernels", "module", "projections", "__weakref__")
 
     def __init__(self, name, kind, policy, index, module, store=frozenset(), low_memory=False,
                  functional=False):
@@ -602,6 +639,11 @@ class _Layer:
         # whether its forward is nn.Linear's own (one F.linear call, nothing else saved)
         self.lone_op = (kind == "weight" and type(module).forward is nn.Linear.forward
                         and "forward" not in vars(module))
+        # A Linear / Conv1D / convolution whose forward is its own (a subclass's, an instance's,
+        # GPT-2's Conv1D): it may save its input, or tensors derived from it, for other ops than
+        # its matmul or convolution (x.pow(2) before F.linear), whose backward must read them as
+        # they are. Only what its F.linear / addmm / convolution calls save is packed.
+        self.custom = kind == "weight" and not _stock_forward(module)
         if kind == "pool":
             pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
             stride = module.stride if module.stride is not None else module.kernel_size
@@ -634,7 +676,7 @@ class _Scope:
     """One forward of one layer: the pack hook and what it needs to know about the input."""
 
     __slots__ = ("layer", "frame", "x", "x_requires_grad", "policy", "memo", "mode", "route",
-                 "hooks", "op_done", "__weakref__")
+                 "hooks", "op_done", "op", "__weakref__")
 
     def __init__(self, layer, frame, x):
         self.layer, self.frame = layer, frame
@@ -659,6 +701,9 @@ class _Scope:
         # or its weight, or dropit's C++ layer ran it; a tensor without autograd history saved
         # after it is no copy of the input (a dropout's noise on the output, say)
         self.op_done = False
+        # (input, weight) of the layer's op (_OP_FUNCS) running now, for a layer with its own
+        # forward: only that input (or a copy the op makes of it) is packed
+        self.op = None
 
     def live(self):
         """Whether this layer's forward is still running on this thread (it is not after an
@@ -681,6 +726,8 @@ class _Scope:
         x = self.x() if self.x is not None else None
         kind = self.layer.kind
         if kind == "weight":
+            if self.layer.custom:
+                return self._pack_op_input(t)
             if self._is_input(t, x):
                 if self.layer.pad_mode != "zeros" and _same_data(t, x):
                     # A Conv2d with a padding mode pads x first; the padding op saves x for its
@@ -718,6 +765,26 @@ class _Scope:
         if _same_data(t, x):
             return _ShapeOnly(t)
         return t
+
+    def _pack_op_input(self, t):
+        """A Linear / convolution layer with its own forward: t packed where it is the input of
+        the layer's op running now (or the copy autocast makes of it inside the op), else kept as
+        it is (what another op of the forward saves, the weight)."""
+        if self.op is None or not t.is_floating_point() or _is_parameter_like(t):
+            return t
+        x, w = self.op
+        if _same_data(t, x):
+            take = True
+        elif t.grad_fn is not None:
+            take = _derives_from(t.grad_fn, x)
+        else:
+            # No history: a copy of an input that needs no gradient, unless it is the copy of a
+            # frozen weight (the only other tensor the op saves; a trainable one's has history).
+            take = not x.requires_grad and w.requires_grad and t.shape == x.shape
+        if not take:
+            return t
+        self.op_done = True
+        return _C._pack_saved(t, self.policy)
 
     def _pack_stored(self, t, x, kind):
         """The store= classes: a dense pack with the store codec, or a dropout's bits."""
@@ -856,7 +923,7 @@ def _pre_hook(layer):
             _push_hooks(scope.pack, _unpack)
         # The mode is entered once per thread: an enclosing scope's entry serves the inner ones
         # (a second entry would run every call through the mode twice).
-        if ((layer.kernels or scope.route)
+        if ((layer.kernels or scope.route or layer.custom)
                 and not any(s.mode for s in stack)):
             _KERNEL_MODE.__enter__()
             scope.mode = True
@@ -915,16 +982,29 @@ _AVG_POOLS = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d,
               nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)
 
 
+def _stock_forward(module):
+    """Whether a module's forward is a torch.nn class's own (not a subclass's or an instance's):
+    then what it saves, and for which op, is known."""
+    if "forward" in vars(module):
+        return False
+    return getattr(type(module).forward, "__module__", "").startswith("torch.nn.")
+
+
 def _kind(module, masks, store=frozenset()):
     if isinstance(module, _WEIGHT_MODULES) or _is_conv1d(module):
         return "weight"
-    if masks and isinstance(module, nn.ReLU):
+    # The masks stand for what the layer's own op saves, read only by that op's backward: a
+    # subclass's own forward may save the same tensors for other ops (a ReLU subclass computing
+    # x * sigmoid(x)), so it gets no mask kind; its F.relu / F.max_pool2d calls still go to
+    # dropit's kernels (a "functional" scope), whose backward is their own.
+    stock = masks and _stock_forward(module)
+    if stock and isinstance(module, nn.ReLU):
         return "relu"
-    if masks and isinstance(module, nn.MaxPool2d):
+    if stock and isinstance(module, nn.MaxPool2d):
         return "pool"
-    if masks and isinstance(module, _AVG_POOLS):
+    if stock and isinstance(module, _AVG_POOLS):
         return "avgpool"
-    if masks and isinstance(module, (nn.LeakyReLU, nn.Hardtanh)):
+    if stock and isinstance(module, (nn.LeakyReLU, nn.Hardtanh)):
         return "mask"
     if not store:
         return None

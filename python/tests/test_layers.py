@@ -1,6 +1,7 @@
 """to_dropit on single layers: what backward receives (read through autograd) and the gradients,
 against plain PyTorch and the pure-PyTorch oracles of reference.py."""
 import copy
+import functools
 
 import pytest
 import torch
@@ -409,6 +410,83 @@ def test_an_activation_after_a_frozen_layers_op_stays_exact(path, base):
     (gx,) = torch.autograd.grad(layer(x * 1), x, torch.ones(()).expand(layer(x).shape))
     (gx0,) = torch.autograd.grad(plain(x * 1), x, torch.ones(()).expand(plain(x).shape))
     assert torch.equal(gx, gx0)
+
+
+def _squared_before(base):
+    class Squared(base):  # the op reads x^2; pow saves x for the input gradient
+        def forward(self, x):
+            return super().forward(x.pow(2))
+
+    return Squared
+
+
+def _squared_beside(base):
+    class Beside(base):  # the op reads x; pow saves x too, beside the op
+        def forward(self, x):
+            return super().forward(x) + x.pow(2).mean()
+
+    return Beside
+
+
+@pytest.mark.parametrize("base", [nn.Linear, nn.Conv2d])
+@pytest.mark.parametrize("wrap", [_squared_before, _squared_beside], ids=["before", "beside"])
+def test_a_subclass_forward_that_uses_its_input_elsewhere_keeps_it_exact(path, base, wrap):
+    # A subclass's own forward feeds its input to other ops than the matmul or convolution:
+    # only what that op saves as its input is packed. The input gradient, which flows through
+    # the other ops too, is PyTorch's bit for bit; the weight gradient reads the sparsified input
+    # of the op (reference.mink, through PyTorch's own backward).
+    layer = wrap(base)(16, 24) if base is nn.Linear else wrap(base)(3, 4, 3, padding=1)
+    plain = copy.deepcopy(layer)
+    dropit.to_dropit(layer, "mink", 0.9)
+    x = torch.randn(*((10, 16) if base is nn.Linear else (2, 3, 8, 8)), requires_grad=True)
+    y, gx, grads, g = run(layer, x)
+    y0, gx0, _, _ = run(plain, x, g)
+    _same(y, y0)
+    _same(gx, gx0)
+    h = x.detach().pow(2) if wrap is _squared_before else x.detach()
+    w = plain.weight.detach().clone().requires_grad_(True)
+    op = F.linear if base is nn.Linear else functools.partial(F.conv2d, padding=1)
+    op(reference.mink(h, 0.9), w).backward(g)
+    torch.testing.assert_close(grads["weight"], w.grad, **TOL[torch.float32])
+
+
+def test_an_op_whose_weight_is_no_parameter_keeps_its_operands():
+    # F.linear(x, x) inside a Linear subclass: both operands derive from the input and feed the
+    # input gradient, so neither is packed; the layer's own F.linear(x, W) input is.
+    class Gram(nn.Linear):
+        def forward(self, x):
+            return F.linear(x, self.weight, self.bias) + F.linear(x, x).sum(-1, keepdim=True)
+
+    layer = Gram(16, 16)
+    plain = copy.deepcopy(layer)
+    dropit.to_dropit(layer, "mink", 0.9)
+    x = torch.randn(10, 16, requires_grad=True)
+    y, gx, grads, g = run(layer, x)
+    y0, gx0, grads0, _ = run(plain, x, g)
+    _same(gx, gx0)
+    torch.testing.assert_close(grads["weight"], g.t().mm(reference.mink(x.detach(), 0.9)),
+                               **TOL[torch.float32])
+    assert not torch.allclose(grads["weight"], grads0["weight"])  # the policy did apply
+
+
+def test_a_subclass_forward_under_autocast_packs_the_ops_copy(path):
+    # Under autocast the op saves its bf16 copy of x^2, made inside the call: that copy is
+    # packed, the x that pow saves is not (input gradient as PyTorch's).
+    if not dropit._C.has_half:
+        pytest.skip("this build has no 16-bit types")
+    layer = _squared_before(nn.Linear)(16, 24)
+    plain = copy.deepcopy(layer)
+    dropit.to_dropit(layer, "mink", 0.9)
+    x = torch.randn(10, 16, requires_grad=True)
+    with torch.autocast("cpu"):
+        y = layer(x)
+        y0 = plain(x)
+        assert dropit.live_saved_bytes().sparse > 0
+    g = torch.randn_like(y)
+    _same(y, y0)
+    (gx,) = torch.autograd.grad(y, x, g)
+    (gx0,) = torch.autograd.grad(y0, x, g)
+    _same(gx, gx0)
 
 
 def test_a_linear_forward_that_raises_routes_nothing_after_it():
@@ -961,6 +1039,59 @@ def test_max_pool_subclass_and_other_ops_in_its_forward():
     y0.sum().backward()
     _same(x.grad, x0.grad)
     assert torch.overrides._len_torch_function_stack() == 0  # the mode is left
+
+
+class _ReLUSquared(nn.ReLU):
+    def forward(self, x):
+        y = super().forward(x)  # PyTorch's relu saves y; so does the product
+        return y * y
+
+
+class _Swish(nn.ReLU):
+    def forward(self, x):
+        return x * torch.sigmoid(x)  # no relu at all: x and sigmoid(x) of x's shape saved
+
+
+class _LeakyGated(nn.LeakyReLU):
+    def forward(self, x):
+        return super().forward(x) * x
+
+
+class _ReLU6Gated(nn.ReLU6):
+    def forward(self, x):
+        return super().forward(x) * x
+
+
+class _PoolOfSquare(nn.MaxPool2d):
+    def forward(self, x):
+        return super().forward(x * x)  # the product saves x, of the pooling's input shape
+
+
+class _AvgOfSquare(nn.AvgPool2d):
+    def forward(self, x):
+        return super().forward(x * x)
+
+
+@pytest.mark.parametrize("cls", [_ReLUSquared, _Swish, _LeakyGated, _ReLU6Gated, _PoolOfSquare,
+                                 _AvgOfSquare], ids=lambda c: c.__name__)
+def test_a_mask_layer_subclass_with_its_own_forward_stays_exact(cls):
+    # A ReLU / LeakyReLU / ReLU6 / pooling subclass whose own forward saves tensors of its
+    # input's shape for other ops: none becomes a mask or a shape (those stand for what the
+    # layer's own op reads). Its F.relu / F.max_pool2d calls still go to dropit's kernels, whose
+    # backward is their own, so output and input gradient are PyTorch's bit for bit.
+    pooling = issubclass(cls, (nn.MaxPool2d, nn.AvgPool2d))
+    layer, plain = (cls(2), cls(2)) if pooling else (cls(), cls())
+    dropit.to_dropit(layer)
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    y, gx, _, g = run(layer, x)
+    y0, gx0, _, _ = run(plain, x, g)
+    _same(y, y0)
+    _same(gx, gx0)
+    if cls in (_ReLUSquared, _PoolOfSquare):  # the layer's own op ran in dropit's kernel
+        x1 = x.detach().clone().requires_grad_(True)
+        node = layer(x1).grad_fn  # the pooling's; the product's, whose first input is the ReLU's
+        node = node if cls is _PoolOfSquare else node.next_functions[0][0]
+        assert node.name() == (POOL_NODE if cls is _PoolOfSquare else RELU_NODE[False])
 
 
 def test_max_pool_indices_of_another_window_are_kept_as_they_are():
