@@ -73,6 +73,10 @@ With ``store=`` the tensors DropIT leaves dense are kept through a value codec (
   ``Softplus``, ``Tanh`` and ``Sigmoid`` save (their input, or output), and a module that holds
   their function (F.silu, torch.tanh, ...) as an attribute.
 
+A LayerNorm / BatchNorm / GELU / Softmax / activation module whose forward is its own (a
+subclass's, a module holding the function) stores only what its F.layer_norm (F.batch_norm,
+F.gelu, ...) call saves (`_STORE_OPS`).
+
 Everything else passes through unchanged.
 """
 import sys
@@ -237,6 +241,12 @@ _ACTIVATIONS = (nn.SiLU, nn.Mish, nn.Hardswish, nn.Hardsigmoid, nn.ELU, nn.CELU,
 _ACTIVATION_FUNCS = frozenset([F.silu, F.mish, F.hardswish, F.hardsigmoid, F.elu, F.celu,
                                F.softplus, torch.tanh, torch.sigmoid])
 _GELU_FUNCS = frozenset([F.gelu])
+# The store classes whose module, with a forward of its own, keeps only what its op saves (the
+# calls of these functions): func -> the classes it serves.
+_STORE_OPS = {F.layer_norm: ("layernorm",), F.batch_norm: ("batchnorm",),
+              F.gelu: ("gelu",), F.softmax: ("softmax",),
+              torch.softmax: ("softmax",), **{f: ("activation",) for f in _ACTIVATION_FUNCS}}
+_GATED_STORE = frozenset(k for kinds in _STORE_OPS.values() for k in kinds)
 
 
 def _holds(module, funcs):
@@ -565,6 +575,18 @@ class _KernelMode(TorchFunctionMode):
                     finally:
                         scope.op = outer
             return func(*args, **kwargs)
+        kinds = _STORE_OPS.get(func)
+        if kinds is not None:
+            scope = _live_scope_of(kinds)
+            if scope is not None and scope.layer.custom:  # its saved tensors may be stored
+                args_in = args[0] if args else kwargs.get("input")
+                outer = scope.op
+                scope.op = (args_in, None) if isinstance(args_in, torch.Tensor) else None
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    scope.op = outer
+            return func(*args, **kwargs)
         if func is F.multi_head_attention_forward and _MHA_FORWARD is not None:
             scope = _live_scope("attention")
             if scope is not None and scope.route and torch.is_grad_enabled():
@@ -643,7 +665,9 @@ class _Layer:
         # GPT-2's Conv1D): it may save its input, or tensors derived from it, for other ops than
         # its matmul or convolution (x.pow(2) before F.linear), whose backward must read them as
         # they are. Only what its F.linear / addmm / convolution calls save is packed.
-        self.custom = kind == "weight" and not _stock_forward(module)
+        # Likewise a LayerNorm / BatchNorm / GELU / activation / Softmax of a store= class: only
+        # what its F.layer_norm (F.gelu, ...) call saves is stored (`_STORE_OPS`).
+        self.custom = (kind == "weight" or kind in _GATED_STORE) and not _stock_forward(module)
         if kind == "pool":
             pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
             stride = module.stride if module.stride is not None else module.kernel_size
@@ -790,6 +814,12 @@ class _Scope:
         """The store= classes: a dense pack with the store codec, or a dropout's bits."""
         if kind == "pass" or not t.is_floating_point() or t.dim() == 0 or _is_parameter_like(t):
             return t
+        if self.layer.custom and kind in _GATED_STORE:
+            # A forward of its own (a subclass's, Hugging Face's GELUActivation): only what the
+            # class's op saves, while it runs, measured against that op's input.
+            if self.op is None:
+                return t
+            x = self.op[0]
         if kind == "layernorm" or kind == "gelu" or kind == "batchnorm":
             return _C._pack_saved(t, self.policy) if x is not None and _same_data(t, x) else t
         if kind == "activation":  # its input, a copy of it (in place) or its output
@@ -885,6 +915,17 @@ def _live_scope(kind):
         return None
     top = stack[-1]
     if top.layer.kind == kind and top.frame is not None and _on_stack(top.frame):
+        return top
+    return None
+
+
+def _live_scope_of(kinds):
+    """`_live_scope` for any of `kinds`."""
+    stack = _stack()
+    if not stack:
+        return None
+    top = stack[-1]
+    if top.layer.kind in kinds and top.frame is not None and _on_stack(top.frame):
         return top
     return None
 
