@@ -546,6 +546,16 @@ def _route_projection(scope, args, kwargs):
         return None
 
 
+def _run_op(scope, op, func, args, kwargs):
+    """func(*args, **kwargs) with `scope.op` set to op, (input, weight) of the call or None: what
+    a layer with its own forward packs is what this call saves."""
+    outer, scope.op = scope.op, op
+    try:
+        return func(*args, **kwargs)
+    finally:
+        scope.op = outer
+
+
 class _KernelMode(TorchFunctionMode):
     """Routes ``F.max_pool2d`` (and ``torch.max_pool2d``) while a MaxPool2d layer's forward runs,
     ``F.relu`` (``torch.relu``, ``relu_``) while a ReLU layer's does, and ``F.linear`` /
@@ -569,23 +579,15 @@ class _KernelMode(TorchFunctionMode):
                         finally:
                             _pop_hooks()
                 if scope.layer.custom:  # this op's saved input is packed (`_Scope.op`)
-                    outer, scope.op = scope.op, _op_operands(func, args, kwargs)
-                    try:
-                        return func(*args, **kwargs)
-                    finally:
-                        scope.op = outer
+                    return _run_op(scope, _op_operands(func, args, kwargs), func, args, kwargs)
             return func(*args, **kwargs)
         kinds = _STORE_OPS.get(func)
         if kinds is not None:
-            scope = _live_scope_of(kinds)
+            scope = _live_scope(*kinds)
             if scope is not None and scope.layer.custom:  # its saved tensors may be stored
-                args_in = args[0] if args else kwargs.get("input")
-                outer = scope.op
-                scope.op = (args_in, None) if isinstance(args_in, torch.Tensor) else None
-                try:
-                    return func(*args, **kwargs)
-                finally:
-                    scope.op = outer
+                x = args[0] if args else kwargs.get("input")
+                op = (x, None) if isinstance(x, torch.Tensor) else None
+                return _run_op(scope, op, func, args, kwargs)
             return func(*args, **kwargs)
         if func is F.multi_head_attention_forward and _MHA_FORWARD is not None:
             scope = _live_scope("attention")
@@ -907,20 +909,10 @@ def _drop_stale(stack):
         _close(stack.pop())
 
 
-def _live_scope(kind):
-    """The innermost dropit scope on this thread when it is a `kind` layer whose forward is still
-    running, else None: a mode that a forward which raised left entered routes nothing."""
-    stack = _stack()
-    if not stack:
-        return None
-    top = stack[-1]
-    if top.layer.kind == kind and top.frame is not None and _on_stack(top.frame):
-        return top
-    return None
-
-
-def _live_scope_of(kinds):
-    """`_live_scope` for any of `kinds`."""
+def _live_scope(*kinds):
+    """The innermost dropit scope on this thread when it is a layer of one of `kinds` whose
+    forward is still running, else None: a mode that a forward which raised left entered routes
+    nothing."""
     stack = _stack()
     if not stack:
         return None

@@ -29,6 +29,18 @@ def saved(y, name):
     raise LookupError(f"no node of the graph saves {name!r}")
 
 
+def gated(base):
+    """A subclass of module class `base` whose own forward multiplies the layer's output by its
+    input: the product saves both, for an op that is not the layer's own."""
+
+    class Gated(base):
+        def forward(self, x):
+            return super().forward(x) * x
+
+    Gated.__name__ = Gated.__qualname__ = f"Gated{base.__name__}"
+    return Gated
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

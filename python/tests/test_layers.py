@@ -10,7 +10,7 @@ from torch import nn
 
 import dropit
 import reference
-from conftest import saved
+from conftest import gated, saved
 
 
 class Conv1D(nn.Module):
@@ -1052,16 +1052,6 @@ class _Swish(nn.ReLU):
         return x * torch.sigmoid(x)  # no relu at all: x and sigmoid(x) of x's shape saved
 
 
-class _LeakyGated(nn.LeakyReLU):
-    def forward(self, x):
-        return super().forward(x) * x
-
-
-class _ReLU6Gated(nn.ReLU6):
-    def forward(self, x):
-        return super().forward(x) * x
-
-
 class _PoolOfSquare(nn.MaxPool2d):
     def forward(self, x):
         return super().forward(x * x)  # the product saves x, of the pooling's input shape
@@ -1072,8 +1062,8 @@ class _AvgOfSquare(nn.AvgPool2d):
         return super().forward(x * x)
 
 
-@pytest.mark.parametrize("cls", [_ReLUSquared, _Swish, _LeakyGated, _ReLU6Gated, _PoolOfSquare,
-                                 _AvgOfSquare], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", [_ReLUSquared, _Swish, gated(nn.LeakyReLU), gated(nn.ReLU6),
+                                 _PoolOfSquare, _AvgOfSquare], ids=lambda c: c.__name__)
 def test_a_mask_layer_subclass_with_its_own_forward_stays_exact(cls):
     # A ReLU / LeakyReLU / ReLU6 / pooling subclass whose own forward saves tensors of its
     # input's shape for other ops: none becomes a mask or a shape (those stand for what the

@@ -11,6 +11,7 @@ from torch import nn
 
 import dropit
 import reference
+from conftest import gated
 
 
 class Holder(nn.Module):
@@ -219,26 +220,6 @@ def test_activation_modules_that_hold_their_function_are_stored(store, codec):
     assert kinds == [c for c in ("gelu", "activation") if c in store]
 
 
-class _GatedLayerNorm(nn.LayerNorm):
-    def forward(self, x):
-        return super().forward(x) * x  # the product saves x and the output too
-
-
-class _GatedBatchNorm(nn.BatchNorm1d):
-    def forward(self, x):
-        return super().forward(x) * x
-
-
-class _GatedGELU(nn.GELU):
-    def forward(self, x):
-        return super().forward(x) * x
-
-
-class _GatedSiLU(nn.SiLU):
-    def forward(self, x):
-        return super().forward(x) * x
-
-
 class _SquaredSoftmax(nn.Softmax):
     def forward(self, x):
         s = super().forward(x)
@@ -252,10 +233,10 @@ class Subclassed(nn.Module):
     def __init__(self, dim=48):
         super().__init__()
         self.fc = nn.Linear(dim, dim, bias=False)  # as Mixer's
-        self.bn = _GatedBatchNorm(dim)
-        self.ln = _GatedLayerNorm(dim)
-        self.act = _GatedGELU()
-        self.act2 = _GatedSiLU()
+        self.bn = gated(nn.BatchNorm1d)(dim)
+        self.ln = gated(nn.LayerNorm)(dim)
+        self.act = gated(nn.GELU)()
+        self.act2 = gated(nn.SiLU)()
         self.soft = _SquaredSoftmax(dim=-1)
         self.out = nn.Linear(dim, dim)
 
