@@ -1015,12 +1015,22 @@ _AVG_POOLS = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d,
               nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)
 
 
+# The methods through which a torch.nn layer's forward runs its op (a convolution's forward calls
+# _conv_forward): a subclass that overrides one computes its own forward.
+_FORWARD_METHODS = ("forward", "_conv_forward")
+
+
 def _stock_forward(module):
-    """Whether a module's forward is a torch.nn class's own (not a subclass's or an instance's):
-    then what it saves, and for which op, is known."""
-    if "forward" in vars(module):
+    """Whether a module's forward is a torch.nn class's own (no subclass or instance overrides it
+    or the `_conv_forward` it calls): then what it saves, and for which op, is known."""
+    if any(m in vars(module) for m in _FORWARD_METHODS):
         return False
-    return getattr(type(module).forward, "__module__", "").startswith("torch.nn.")
+    for cls in type(module).__mro__:
+        if cls.__module__.startswith("torch.nn."):
+            return True
+        if any(m in vars(cls) for m in _FORWARD_METHODS):
+            return False
+    return False
 
 
 def _kind(module, masks, store=frozenset()):

@@ -428,8 +428,18 @@ def _squared_beside(base):
     return Beside
 
 
-@pytest.mark.parametrize("base", [nn.Linear, nn.Conv2d])
-@pytest.mark.parametrize("wrap", [_squared_before, _squared_beside], ids=["before", "beside"])
+def _squared_conv_forward(base):
+    class Squared(base):  # nn.Conv2d's forward, through a _conv_forward of its own
+        def _conv_forward(self, input, weight, bias):
+            return super()._conv_forward(input.pow(2), weight, bias)
+
+    return Squared
+
+
+@pytest.mark.parametrize("base,wrap", [
+    (nn.Linear, _squared_before), (nn.Linear, _squared_beside), (nn.Conv2d, _squared_before),
+    (nn.Conv2d, _squared_beside), (nn.Conv2d, _squared_conv_forward)],
+    ids=["linear-before", "linear-beside", "conv-before", "conv-beside", "conv-conv_forward"])
 def test_a_subclass_forward_that_uses_its_input_elsewhere_keeps_it_exact(path, base, wrap):
     # A subclass's own forward feeds its input to other ops than the matmul or convolution:
     # only what that op saves as its input is packed. The input gradient, which flows through
@@ -443,7 +453,7 @@ def test_a_subclass_forward_that_uses_its_input_elsewhere_keeps_it_exact(path, b
     y0, gx0, _, _ = run(plain, x, g)
     _same(y, y0)
     _same(gx, gx0)
-    h = x.detach().pow(2) if wrap is _squared_before else x.detach()
+    h = x.detach() if wrap is _squared_beside else x.detach().pow(2)
     w = plain.weight.detach().clone().requires_grad_(True)
     op = F.linear if base is nn.Linear else functools.partial(F.conv2d, padding=1)
     op(reference.mink(h, 0.9), w).backward(g)
