@@ -1,8 +1,9 @@
 """The save-for-backward hooks: ``to_dropit`` (per layer) and ``saved_tensors`` (a block).
 
 ``to_dropit`` registers, on each selected layer, a forward pre-hook that opens PyTorch's
-``saved_tensors_hooks`` around the layer's forward and a forward hook that closes it. Inside, the
-pack hook hands dropit's C++ library only the tensors it must:
+``saved_tensors_hooks`` around the layer's forward and a forward hook that closes it (the last
+pre-hook and the first forward hook of the module, so a user's hooks run outside: `_in_order`).
+Inside, the pack hook hands dropit's C++ library only the tensors it must:
 
 * Linear / Conv1D with a lossy policy: the layer's matmul runs through dropit's C++ function
   (``_C._linear``, ``_C._conv1d``), which packs the input and computes the weight gradient from
@@ -639,7 +640,8 @@ class _Layer:
     """A layer to_dropit selected: what it packs and with which policy."""
 
     __slots__ = ("name", "kind", "policy", "store", "index", "step", "pool", "pad_mode",
-                 "routes", "lone_op", "custom", "kernels", "module", "projections", "__weakref__")
+                 "routes", "lone_op", "custom", "kernels", "module", "projections", "hook_ids",
+                 "__weakref__")
 
     def __init__(self, name, kind, policy, index, module, store=frozenset(), low_memory=False,
                  functional=False):
@@ -654,6 +656,8 @@ class _Layer:
         # nn.MultiheadAttention: {"in": policy, "out": policy} of the projections routed to
         # dropit's C++ Linear (set_projections).
         self.projections = {}
+        # the ids of its forward pre-hook and forward hook in the module's hook dicts
+        self.hook_ids = None
         self.pad_mode = getattr(module, "padding_mode", "zeros")
         # A Linear / Conv1D (low_memory: a Conv2d) whose op may run in dropit's C++ layer: not
         # with a lossless policy (PyTorch's own backward then gives its gradients bit for bit).
@@ -944,12 +948,28 @@ def _on_stack(frame):
     return False
 
 
+def _in_order(module, layer):
+    """Whether the layer's scope may open now: its pre-hook is the module's last (a user's pre-hook
+    registered after to_dropit runs outside the scope: its ops are none of the layer's, and what
+    they save must stay exact). Else it becomes the last, from the next call on, and this call
+    runs as PyTorch runs it. Its forward hook, which closes the scope, is made the first, before
+    any user forward hook (whose ops read the input or output as they are)."""
+    pre, post = layer.hook_ids
+    pres, posts = module._forward_pre_hooks, module._forward_hooks
+    if next(iter(posts), post) != post:
+        posts.move_to_end(post, last=False)
+    if next(reversed(pres), pre) != pre:
+        pres.move_to_end(pre)
+        return False
+    return True
+
+
 def _pre_hook(layer):
     def hook(module, args):
         stack = _stack()
         if stack:
             _drop_stale(stack)
-        if not (module.training and torch.is_grad_enabled()):
+        if not (module.training and torch.is_grad_enabled()) or not _in_order(module, layer):
             return None
         scope = _Scope(layer, sys._getframe(1), args[0] if args else None)
         if scope.hooks:
@@ -1288,8 +1308,12 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
                 layer = _Layer(name, kind, policy_of(name) if kind == "weight" else policy, index,
                                module, low_memory=bool(low_memory),
                                functional=kind == "weight" and name in functional)
-            hooks.append(module.register_forward_pre_hook(_pre_hook(layer)))
-            hooks.append(module.register_forward_hook(_post_hook(layer)))
+            pre = module.register_forward_pre_hook(_pre_hook(layer))
+            hooks.append(pre)
+            post = module.register_forward_hook(_post_hook(layer))
+            hooks.append(post)
+            layer.hook_ids = (pre.id, post.id)
+            module._forward_hooks.move_to_end(post.id, last=False)  # before the user's hooks
             layers.append(layer)
             _registered[module] = handle
     except BaseException:

@@ -499,6 +499,57 @@ def test_a_subclass_forward_under_autocast_packs_the_ops_copy(path):
     _same(gx, gx0)
 
 
+@pytest.mark.parametrize("make", [nn.ReLU, lambda: nn.MaxPool2d(2), lambda: nn.LeakyReLU(0.1),
+                                  lambda: nn.Conv2d(3, 3, 3, padding=1), lambda: nn.Linear(8, 8)],
+                         ids=["relu", "maxpool", "leaky", "conv2d", "linear"])
+def test_user_forward_hooks_run_outside_the_layers_scope(make):
+    # A forward hook registered before to_dropit that computes with the layer's input and output:
+    # PyTorch runs a module's forward hooks in order, and dropit's, which closes the layer's
+    # scope, is put first, so what the hook's product saves stays exact (before, a ReLU's input
+    # became a mask there). The layer still packs what its own op saves.
+    layer = make()
+    plain = copy.deepcopy(layer)
+
+    def hook(module, inputs, out):
+        return out * inputs[0].mean() + inputs[0].pow(2).sum()
+
+    layer.register_forward_hook(hook)
+    plain.register_forward_hook(hook)
+    dropit.to_dropit(layer, "mink", 0.9)
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    y, y0 = layer(x), plain(x)
+    held = dropit.live_saved_bytes().total
+    g = torch.randn_like(y0)
+    (gx,) = torch.autograd.grad(y, x, g)
+    (gx0,) = torch.autograd.grad(y0, x, g)
+    _same(y, y0)
+    _same(gx, gx0)  # a Linear's / Conv2d's too: only its weight gradient reads the sparsified x
+    assert held > 0
+
+
+def test_a_pre_hook_registered_after_to_dropit_runs_outside_the_scope():
+    # A pre-hook registered after to_dropit runs after dropit's, which would open the layer's
+    # scope before it: dropit's then moves last, and that first call runs as PyTorch runs it.
+    # From the next call on the scope opens after the user's pre-hook, whose product (a learned
+    # input scale) keeps its saved input exact. Oracle: the same layer and hook, plain.
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    plain = copy.deepcopy(conv)
+    dropit.to_dropit(conv, "mink", 0.9)
+    scale = nn.Parameter(torch.tensor(1.5))
+    for layer in (conv, plain):
+        layer.register_forward_pre_hook(lambda module, args: (args[0] * scale,))
+    for call in range(3):
+        x = torch.randn(2, 3, 8, 8, requires_grad=True)
+        y = conv(x)
+        packed = dropit.live_saved_bytes().sparse
+        g = torch.randn_like(y)
+        gx, gs = torch.autograd.grad(y, (x, scale), g)
+        gx0, gs0 = torch.autograd.grad(plain(x), (x, scale), g)
+        _same(gx, gx0)
+        _same(gs, gs0)
+        assert (packed > 0) == (call > 0)
+
+
 def test_a_linear_forward_that_raises_routes_nothing_after_it():
     # The Linear layer's mode stays entered after its forward raised (the next hooked forward
     # closes it); meanwhile the same call outside any dropit layer is PyTorch's own.
