@@ -811,10 +811,7 @@ class _Scope:
             # No history: a copy of an input that needs no gradient, unless it is the copy of a
             # frozen weight (the only other tensor the op saves; a trainable one's has history).
             take = not x.requires_grad and w.requires_grad and t.shape == x.shape
-        if not take:
-            return t
-        self.op_done = True
-        return _C._pack_saved(t, self.policy)
+        return _C._pack_saved(t, self.policy) if take else t
 
     def _pack_stored(self, t, x, kind):
         """The store= classes: a dense pack with the store codec, or a dropout's bits."""
@@ -964,6 +961,47 @@ def _in_order(module, layer):
     return True
 
 
+# PyTorch's global forward hooks (`register_module_forward_hook`) run before every module's own,
+# so before a layer's forward hook closes its scope. While any exists, `_global_close` is the
+# first of them and closes the scope in its place (`_global_order`).
+_GLOBAL_FORWARD_HOOKS = getattr(torch.nn.modules.module, "_global_forward_hooks", None)
+_global_lock = threading.Lock()
+_global_closer = None  # the RemovableHandle of `_global_close` while it is registered
+
+
+def _global_close(module, args, output):
+    """A global forward hook: closes the scope of the layer `module` whose forward just returned,
+    before a user's global forward hooks run (their ops read its input and output as they are)."""
+    stack = _stack()
+    if stack:
+        top = stack[-1]
+        if top.frame is sys._getframe(1) and top.layer.module() is module:
+            _close(stack.pop())
+    return None
+
+
+def _global_order():
+    """Keeps `_global_close` the first global forward hook while a user's exists, and removes it
+    when it is the only one (a global hook costs every module its hook-free fast path)."""
+    global _global_closer
+    hooks = _GLOBAL_FORWARD_HOOKS
+    if not hooks:
+        return
+    closer = _global_closer
+    if closer is not None and len(hooks) > 1 and next(iter(hooks)) == closer.id:
+        return
+    with _global_lock:
+        closer = _global_closer
+        if closer is None or closer.id not in hooks:
+            closer = _global_closer = torch.nn.modules.module.register_module_forward_hook(
+                _global_close)
+        if len(hooks) == 1:
+            closer.remove()
+            _global_closer = None
+        elif next(iter(hooks)) != closer.id:
+            hooks.move_to_end(closer.id, last=False)
+
+
 def _pre_hook(layer):
     def hook(module, args):
         stack = _stack()
@@ -971,6 +1009,7 @@ def _pre_hook(layer):
             _drop_stale(stack)
         if not (module.training and torch.is_grad_enabled()) or not _in_order(module, layer):
             return None
+        _global_order()
         scope = _Scope(layer, sys._getframe(1), args[0] if args else None)
         if scope.hooks:
             _push_hooks(scope.pack, _unpack)

@@ -2,6 +2,7 @@
 against plain PyTorch and the pure-PyTorch oracles of reference.py."""
 import copy
 import functools
+import re
 
 import pytest
 import torch
@@ -525,6 +526,46 @@ def test_user_forward_hooks_run_outside_the_layers_scope(make):
     _same(y, y0)
     _same(gx, gx0)  # a Linear's / Conv2d's too: only its weight gradient reads the sparsified x
     assert held > 0
+
+
+@pytest.mark.parametrize("make", [nn.ReLU, lambda: nn.MaxPool2d(2), lambda: nn.LeakyReLU(0.1),
+                                  lambda: nn.Conv2d(3, 3, 3, padding=1), lambda: nn.Linear(8, 8)],
+                         ids=["relu", "maxpool", "leaky", "conv2d", "linear"])
+@pytest.mark.parametrize("before", [True, False], ids=["hook-first", "dropit-first"])
+def test_global_forward_hooks_run_outside_the_layers_scope(make, before):
+    # PyTorch runs its global forward hooks (register_module_forward_hook) before a module's own,
+    # so before dropit's closes the layer's scope: dropit then registers a global closer of its
+    # own, first, and removes it once no other global hook is left. Before, what this hook's
+    # product saved became a ReLU mask or was packed (input gradients off by about 100).
+    # Oracle: the same layer and hook, plain.
+    layer = make()
+    plain = copy.deepcopy(layer)
+
+    def hook(module, inputs, out):
+        return out * inputs[0].mean() + inputs[0].pow(2).sum() if module in (layer, plain) else None
+
+    handles = []
+    if before:
+        handles.append(torch.nn.modules.module.register_module_forward_hook(hook))
+    dropit.to_dropit(layer, "mink", 0.9)
+    if not before:
+        handles.append(torch.nn.modules.module.register_module_forward_hook(hook))
+    try:
+        for _ in range(2):
+            x = torch.randn(2, 3, 8, 8, requires_grad=True)
+            y, y0 = layer(x), plain(x)
+            held = dropit.live_saved_bytes().total
+            g = torch.randn_like(y0)
+            (gx,) = torch.autograd.grad(y, x, g)
+            (gx0,) = torch.autograd.grad(y0, x, g)
+            _same(y, y0)
+            _same(gx, gx0)
+            assert held > 0
+    finally:
+        for h in handles:
+            h.remove()
+    layer(torch.randn(2, 3, 8, 8, requires_grad=True))
+    assert not torch.nn.modules.module._global_forward_hooks
 
 
 def test_a_pre_hook_registered_after_to_dropit_runs_outside_the_scope():
@@ -1224,6 +1265,61 @@ def test_relu_is_exact_and_saves_a_mask(inplace, dtype):
     y.backward(g)
     assert torch.equal(x.grad, x0.grad)
     assert dropit.live_saved_bytes().masks == 0
+
+
+def _plain_error(fn):
+    try:
+        fn()
+    except RuntimeError as e:
+        return str(e).split("\n")[0]
+    raise AssertionError("plain PyTorch accepted it")
+
+
+@pytest.mark.parametrize("view", ["chunk", "no_grad", "full_backward_hook"])
+def test_inplace_relu_refuses_what_pytorch_refuses(view):
+    # A view autograd forbids writing in place: an output of chunk, a view made in no_grad mode,
+    # the input a full backward hook wraps. dropit's in-place kernel refuses it and PyTorch's
+    # relu_ raises its own error (before: an internal assertion of LibTorch).
+    def run(relu):
+        x = torch.randn(8, 6, requires_grad=True)
+        if view == "full_backward_hook":
+            relu.register_full_backward_hook(lambda module, gin, gout: None)
+            return relu(x * 1)
+        if view == "chunk":
+            return relu((x * 1).chunk(2)[0])
+        y = x * 1
+        with torch.no_grad():
+            v = y[:4]
+        return relu(v)
+
+    expected = _plain_error(lambda: run(nn.ReLU(inplace=True)))
+    relu = nn.ReLU(inplace=True)
+    dropit.to_dropit(relu, "mink", 0.9)
+    with pytest.raises(RuntimeError, match=re.escape(expected)):
+        run(relu)
+
+
+@pytest.mark.parametrize("make", [nn.ReLU, lambda: nn.MaxPool2d(2), lambda: nn.LeakyReLU(0.1),
+                                  lambda: nn.Conv2d(3, 3, 3, padding=1), lambda: nn.Linear(8, 8)],
+                         ids=["relu", "maxpool", "leaky", "conv2d", "linear"])
+def test_full_backward_hooks_see_pytorchs_gradients(make):
+    # A full backward hook wraps the layer's input in a custom Function's view before its forward
+    # runs: the layer still packs what its op saves, and the hook sees the gradients PyTorch's
+    # layer gives. Oracle: the same layer and hook, plain.
+    layer = make()
+    plain = copy.deepcopy(layer)
+    seen = {layer: [], plain: []}
+    for m in (layer, plain):
+        m.register_full_backward_hook(lambda module, gin, gout: seen[module].append(gin[0]))
+    dropit.to_dropit(layer, "mink", 0.9)
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    y, y0 = layer(x * 1), plain(x * 1)
+    assert dropit.live_saved_bytes().total > 0
+    g = torch.randn_like(y0)
+    (gx,) = torch.autograd.grad(y, x, g)
+    (gx0,) = torch.autograd.grad(y0, x, g)
+    _same(gx, gx0)
+    _same(seen[layer][0], seen[plain][0])
 
 
 @needs_half
