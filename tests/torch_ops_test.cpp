@@ -143,6 +143,17 @@ TEST_CASE("torch: mask ReLU keeps strides (channels-last, transposed views) and 
   CHECK(inplace(h2).data_ptr() == h2.data_ptr());
 }
 
+TEST_CASE("torch: the in-place mask ops refuse the views LibTorch's in-place ops refuse") {
+  // Before, an autograd Function's mark_dirty on such a view failed LibTorch's internal assertion
+  // (a full backward hook's input to nn.ReLU(inplace=True) in Python, say).
+  check_refuses_forbidden_views([](torch::Tensor& t) { return dt::relu_(t); },
+                                [](torch::Tensor& t) { return torch::relu_(t); });
+  check_refuses_forbidden_views([](torch::Tensor& t) { return dt::leaky_relu_(t, 0.1); },
+                                [](torch::Tensor& t) { return torch::leaky_relu_(t, 0.1); });
+  check_refuses_forbidden_views([](torch::Tensor& t) { return dt::hardtanh_(t, -1.0, 1.0); },
+                                [](torch::Tensor& t) { return torch::hardtanh_(t, -1.0, 1.0); });
+}
+
 /// Bytes that stay allocated while the graph of op(x * 1) is alive and every tensor handle but the
 /// graph's output sum is dropped: what the op saved for backward (plus the 4-byte sum).
 template <class Op>

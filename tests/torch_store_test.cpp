@@ -376,6 +376,12 @@ TEST_CASE("torch store: the activations keep their saved tensor through the code
   CHECK_THROWS_WITH_AS(
       (void)dt::activation_(h, K::elu, store_policy(dropit::value_codec::int8), {.alpha = -1.0}),
       doctest::Contains("in place needs alpha >= 0"), dropit::error);
+  // The views LibTorch's elu_ refuses (an output of chunk, a view made in no_grad mode).
+  check_refuses_forbidden_views(
+      [](torch::Tensor& t) {
+        return dt::activation_(t, K::elu, store_policy(dropit::value_codec::int8), {.alpha = 0.7});
+      },
+      [](torch::Tensor& t) { return torch::elu_(t, 0.7); });
 }
 
 TEST_CASE("torch store: to_dropit replaces the activation modules; exact gives LibTorch's") {

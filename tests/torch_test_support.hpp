@@ -83,4 +83,36 @@ inline torch::Tensor topk_sparsified(const torch::Tensor& x, double gamma) {
   return out.reshape(x.sizes());
 }
 
+/**
+ * Checks that `mine` refuses, as a dropit::error carrying LibTorch's message, the views LibTorch's
+ * in-place op `ref` refuses: an output of an op with several views (chunk) and a view made in
+ * no_grad mode, both of a tensor that requires grad. Each op gets a fresh view.
+ */
+template <class Mine, class Ref>
+void check_refuses_forbidden_views(const Mine& mine, const Ref& ref) {
+  const auto x = torch::randn({8, 6}, torch::requires_grad());
+  const auto chunked = [&] { return (x * 1.0).chunk(2)[0]; };
+  const auto no_grad_view = [&] {
+    const auto y = x * 1.0;
+    const torch::NoGradGuard no_grad;
+    return y.narrow(0, 0, 4);
+  };
+  const auto check = [&](const auto& view, const char* which) {
+    CAPTURE(which);
+    std::string expected;
+    try {
+      auto a = view();
+      (void)ref(a);
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      expected = what.substr(0, what.find('\n'));
+    }
+    REQUIRE_FALSE(expected.empty());
+    auto b = view();
+    CHECK_THROWS_WITH_AS((void)mine(b), doctest::Contains(expected.c_str()), dropit::error);
+  };
+  check(chunked, "an output of chunk");
+  check(no_grad_view, "a view made in no_grad mode");
+}
+
 }  // namespace dropit_torch_test

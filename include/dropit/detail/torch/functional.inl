@@ -904,6 +904,7 @@ inline at::Tensor leaky_relu_(at::Tensor& x, double negative_slope) {
     return x;
   }
   detail::check_mask_op(x, "leaky_relu_");
+  detail::check_in_place(x, "leaky_relu_");
   (void)detail::engine_owned_use_count();
   return detail::leaky_relu_fn::apply(x, negative_slope, true);
 }
@@ -930,6 +931,7 @@ inline at::Tensor hardtanh_(at::Tensor& x, double min_val, double max_val) {
     return x;
   }
   detail::check_mask_op(x, "hardtanh_");
+  detail::check_in_place(x, "hardtanh_");
   (void)detail::engine_owned_use_count();
   return detail::clamp_mask_fn::apply(x, true, detail::clamp_bounds{{min_val, max_val}});
 }
@@ -944,6 +946,7 @@ inline at::Tensor relu_(at::Tensor& x) {
     return at::relu_(x);
   }
   detail::check_mask_op(x, "relu_");
+  detail::check_in_place(x, "relu_");
   (void)detail::engine_owned_use_count();
   return detail::clamp_mask_fn::apply(x, true, detail::clamp_bounds{});
 }

@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/Storage.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -62,6 +63,22 @@ inline void check_packable(const at::Tensor& x, const char* who) {
   DROPIT_EXPECTS(x.device().is_cpu(), "torch::", who, ": tensors on ", x.device().str(),
                  " are not supported: this build has only the host executor; use the CPU or "
                  "policy none");
+}
+
+/**
+ * Throws what LibTorch's own in-place op would, as a dropit::error, when autograd forbids writing
+ * x in place: a view made by a custom Function (a full backward hook's input, say), by an op with
+ * several view outputs, or in no_grad mode. An autograd Function's mark_dirty skips this check
+ * and fails an internal assertion instead.
+ */
+inline void check_in_place(const at::Tensor& x, const char* who) {
+  auto* view = ::torch::autograd::impl::get_view_autograd_meta(x);
+  if (view == nullptr || !view->has_bw_view()) return;
+  try {
+    ::torch::autograd::handle_view_on_rebase(view);
+  } catch (const c10::Error& e) {
+    dropit::detail::throw_error("torch::", who, ": ", e.what_without_backtrace());
+  }
 }
 
 /// The executor for CPU tensors: LibTorch's thread count, payloads from LibTorch's allocator.

@@ -589,6 +589,7 @@ inline at::Tensor activation_(at::Tensor& x, activation_kind kind, const policy&
   DROPIT_EXPECTS(params.alpha >= 0, "torch::activation_: in place needs alpha >= 0, got ",
                  params.alpha);
   detail::check_packable(x, to_string(kind));
+  detail::check_in_place(x, "activation_");
   return detail::activation_fn::apply(x, kind, store, params, true);
 }
 
