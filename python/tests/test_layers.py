@@ -500,9 +500,15 @@ def test_a_subclass_forward_under_autocast_packs_the_ops_copy(path):
     _same(gx, gx0)
 
 
-@pytest.mark.parametrize("make", [nn.ReLU, lambda: nn.MaxPool2d(2), lambda: nn.LeakyReLU(0.1),
-                                  lambda: nn.Conv2d(3, 3, 3, padding=1), lambda: nn.Linear(8, 8)],
-                         ids=["relu", "maxpool", "leaky", "conv2d", "linear"])
+# One layer of each kind to_dropit hooks (a mask, the pooling codes, a 1-bit LeakyReLU, a packed
+# convolution input, dropit's C++ Linear), built for a (2, 3, 8, 8) input.
+_ON_EACH_HOOKED_KIND = pytest.mark.parametrize(
+    "make", [nn.ReLU, lambda: nn.MaxPool2d(2), lambda: nn.LeakyReLU(0.1),
+             lambda: nn.Conv2d(3, 3, 3, padding=1), lambda: nn.Linear(8, 8)],
+    ids=["relu", "maxpool", "leaky", "conv2d", "linear"])
+
+
+@_ON_EACH_HOOKED_KIND
 def test_user_forward_hooks_run_outside_the_layers_scope(make):
     # A forward hook registered before to_dropit that computes with the layer's input and output:
     # PyTorch runs a module's forward hooks in order, and dropit's, which closes the layer's
@@ -528,9 +534,7 @@ def test_user_forward_hooks_run_outside_the_layers_scope(make):
     assert held > 0
 
 
-@pytest.mark.parametrize("make", [nn.ReLU, lambda: nn.MaxPool2d(2), lambda: nn.LeakyReLU(0.1),
-                                  lambda: nn.Conv2d(3, 3, 3, padding=1), lambda: nn.Linear(8, 8)],
-                         ids=["relu", "maxpool", "leaky", "conv2d", "linear"])
+@_ON_EACH_HOOKED_KIND
 @pytest.mark.parametrize("before", [True, False], ids=["hook-first", "dropit-first"])
 def test_global_forward_hooks_run_outside_the_layers_scope(make, before):
     # PyTorch runs its global forward hooks (register_module_forward_hook) before a module's own,
@@ -1299,9 +1303,7 @@ def test_inplace_relu_refuses_what_pytorch_refuses(view):
         run(relu)
 
 
-@pytest.mark.parametrize("make", [nn.ReLU, lambda: nn.MaxPool2d(2), lambda: nn.LeakyReLU(0.1),
-                                  lambda: nn.Conv2d(3, 3, 3, padding=1), lambda: nn.Linear(8, 8)],
-                         ids=["relu", "maxpool", "leaky", "conv2d", "linear"])
+@_ON_EACH_HOOKED_KIND
 def test_full_backward_hooks_see_pytorchs_gradients(make):
     # A full backward hook wraps the layer's input in a custom Function's view before its forward
     # runs: the layer still packs what its op saves, and the hook sees the gradients PyTorch's
