@@ -14,7 +14,7 @@ from collections import namedtuple
 
 from . import _C
 from ._C import Error, MemoryCounter, Packed
-from ._hooks import STORE_CLASSES, Handle, saved_tensors, to_dropit
+from ._hooks import STORE_CLASSES, Handle, remove_hooks, saved_tensors, to_dropit
 
 __all__ = [
     "Error",
@@ -29,6 +29,7 @@ __all__ = [
     "live_saved_bytes",
     "memory_counter",
     "pack",
+    "remove_hooks",
     "saved_tensors",
     "to_dropit",
 ]

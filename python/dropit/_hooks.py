@@ -95,8 +95,6 @@ from . import _C
 _push_hooks = torch._C._autograd._push_saved_tensors_default_hooks
 _pop_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
 
-# Modules that have hooks from a live handle: a second to_dropit on them is refused.
-_registered = weakref.WeakKeyDictionary()
 _local = threading.local()
 
 # Autograd nodes through which a parameter only changes its view or dtype.
@@ -534,8 +532,8 @@ def _route_projection(scope, args, kwargs):
         x, w, b, _ = _linear_args(*args, **kwargs)
     except TypeError:
         return None
-    mha = scope.layer.module()
-    if mha is None or not isinstance(w, torch.Tensor):
+    mha = scope.module
+    if not isinstance(w, torch.Tensor):
         return None
     role = _projection_role(mha, w, b)
     policy = scope.layer.projections.get(role)
@@ -640,8 +638,7 @@ class _Layer:
     """A layer to_dropit selected: what it packs and with which policy."""
 
     __slots__ = ("name", "kind", "policy", "store", "index", "step", "pool", "pad_mode",
-                 "routes", "lone_op", "custom", "kernels", "module", "projections", "hook_ids",
-                 "__weakref__")
+                 "routes", "lone_op", "custom", "kernels", "projections", "hook_ids")
 
     def __init__(self, name, kind, policy, index, module, store=frozenset(), low_memory=False,
                  functional=False):
@@ -652,7 +649,6 @@ class _Layer:
         # whose own code calls F.relu or F.max_pool2d) both.
         self.kernels = _ALL_KERNELS if functional else _KERNELS.get(kind, _NO_KERNELS)
         self.pool = None
-        self.module = weakref.ref(module)
         # nn.MultiheadAttention: {"in": policy, "out": policy} of the projections routed to
         # dropit's C++ Linear (set_projections).
         self.projections = {}
@@ -685,6 +681,19 @@ class _Layer:
                 bool(module.ceil_mode),
             )
 
+    def __getstate__(self):
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __setstate__(self, state):
+        for name, value in state.items():
+            setattr(self, name, value)
+        # PyTorch numbers hooks from a counter of its own (RemovableHandle.next_id) and files them
+        # under that number: in a process that loads a hooked model, a hook registered later must
+        # not take the number of this layer's, which would replace it.
+        if self.hook_ids is not None:
+            handle = torch.utils.hooks.RemovableHandle
+            handle.next_id = max(handle.next_id, max(self.hook_ids) + 1)
+
     def set_projections(self, projections):
         """An nn.MultiheadAttention's projections ({"in": policy, "out": policy}; a role left out
         stays PyTorch's): those with a lossy policy run dropit's C++ Linear."""
@@ -705,11 +714,13 @@ class _Layer:
 class _Scope:
     """One forward of one layer: the pack hook and what it needs to know about the input."""
 
-    __slots__ = ("layer", "frame", "x", "x_requires_grad", "policy", "memo", "mode", "route",
-                 "hooks", "op_done", "op", "__weakref__")
+    __slots__ = ("layer", "module", "frame", "x", "x_requires_grad", "policy", "memo", "mode",
+                 "route", "hooks", "op_done", "op", "__weakref__")
 
-    def __init__(self, layer, frame, x):
-        self.layer, self.frame = layer, frame
+    def __init__(self, layer, module, frame, x):
+        # module: the one called (a deepcopy or unpickled copy of a hooked model shares no
+        # module with the layer's original)
+        self.layer, self.module, self.frame = layer, module, frame
         # Weak: the pack hook lives as long as the graph; the input must not.
         self.x = weakref.ref(x) if isinstance(x, torch.Tensor) else None
         self.x_requires_grad = isinstance(x, torch.Tensor) and x.requires_grad
@@ -863,7 +874,7 @@ class _Scope:
         vectorized hardtanh_backward does (its scalar tail lets it through)."""
         if not t.is_floating_point() or t.shape != x.shape or _is_parameter_like(t):
             return t
-        module = self.layer.module()
+        module = self.module
         try:
             if isinstance(module, nn.LeakyReLU):
                 return _C._pack_leaky_relu(t)
@@ -975,7 +986,7 @@ def _global_close(module, args, output):
     stack = _stack()
     if stack:
         top = stack[-1]
-        if top.frame is sys._getframe(1) and top.layer.module() is module:
+        if top.frame is sys._getframe(1) and top.module is module:
             _close(stack.pop())
     return None
 
@@ -1002,15 +1013,31 @@ def _global_order():
             hooks.move_to_end(closer.id, last=False)
 
 
-def _pre_hook(layer):
-    def hook(module, args):
+class _PreHook:
+    """A layer's forward pre-hook: opens its scope. A class, not a closure, so that a hooked
+    model pickles (torch.save(model)) and deep-copies with its hooks, as PyTorch copies every
+    module hook: the copy gets its own `_Layer`, shared by its pre-hook and forward hook."""
+
+    __slots__ = ("layer",)
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def __getstate__(self):
+        return self.layer
+
+    def __setstate__(self, layer):
+        self.layer = layer
+
+    def __call__(self, module, args):
+        layer = self.layer
         stack = _stack()
         if stack:
             _drop_stale(stack)
         if not (module.training and torch.is_grad_enabled()) or not _in_order(module, layer):
             return None
         _global_order()
-        scope = _Scope(layer, sys._getframe(1), args[0] if args else None)
+        scope = _Scope(layer, module, sys._getframe(1), args[0] if args else None)
         if scope.hooks:
             _push_hooks(scope.pack, _unpack)
         # The mode is entered once per thread: an enclosing scope's entry serves the inner ones
@@ -1022,12 +1049,11 @@ def _pre_hook(layer):
         stack.append(scope)
         return None
 
-    return hook
-
 
 def _close(scope):
     """Leaves what a scope entered: the kernel mode (pooling, ReLU), the saved-tensor hooks."""
     scope.frame = None  # the frame holds the forward's locals: let them go
+    scope.module = None
     scope.memo = None
     if scope.mode:
         scope.mode = False
@@ -1036,15 +1062,17 @@ def _close(scope):
         _pop_hooks()
 
 
-def _post_hook(layer):
-    def hook(module, args, output):
+class _PostHook(_PreHook):
+    """A layer's forward hook: closes its scope (see `_PreHook`)."""
+
+    __slots__ = ()
+
+    def __call__(self, module, args, output):
         stack = _stack()
         caller = sys._getframe(1)
-        if stack and stack[-1].layer is layer and stack[-1].frame is caller:
+        if stack and stack[-1].layer is self.layer and stack[-1].frame is caller:
             _close(stack.pop())
         return None
-
-    return hook
 
 
 def _is_conv1d(module):
@@ -1171,8 +1199,6 @@ class Handle:
             _drop_stale(stack)
         for h in self._hooks:
             h.remove()
-        for module in [m for m, owner in _registered.items() if owner is self]:
-            del _registered[module]
         self._hooks = []
         self._layers = []
 
@@ -1326,10 +1352,11 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
             attention.append(name)
             if policy.kind != "none" and isinstance(module, nn.MultiheadAttention):
                 projecting.add(name)
-        if module in _registered:
+        if _has_dropit_hooks(module):
             raise _C.Error(
-                f"dropit: to_dropit: module '{name}' already has dropit hooks "
-                "(call remove() on the earlier handle first)"
+                f"dropit: to_dropit: module '{name}' already has dropit hooks (call remove() on "
+                "the earlier handle first, or dropit.remove_hooks(model) on a copy of a hooked "
+                "model)"
             )
         selected.append((name, module, kind))
 
@@ -1347,18 +1374,45 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
                 layer = _Layer(name, kind, policy_of(name) if kind == "weight" else policy, index,
                                module, low_memory=bool(low_memory),
                                functional=kind == "weight" and name in functional)
-            pre = module.register_forward_pre_hook(_pre_hook(layer))
+            pre = module.register_forward_pre_hook(_PreHook(layer))
             hooks.append(pre)
-            post = module.register_forward_hook(_post_hook(layer))
+            post = module.register_forward_hook(_PostHook(layer))
             hooks.append(post)
             layer.hook_ids = (pre.id, post.id)
             module._forward_hooks.move_to_end(post.id, last=False)  # before the user's hooks
             layers.append(layer)
-            _registered[module] = handle
     except BaseException:
         handle.remove()
         raise
     return handle
+
+
+def _has_dropit_hooks(module):
+    return any(isinstance(h, _PreHook) for hooks in (module._forward_pre_hooks,
+                                                     module._forward_hooks)
+               for h in hooks.values())
+
+
+def remove_hooks(model):
+    """Takes every dropit hook off ``model`` and its submodules, whichever ``to_dropit``
+    registered it or however it came: a ``copy.deepcopy`` of a hooked model and one that
+    ``torch.save`` / ``torch.load`` (pickle) brought back keep their hooks, as PyTorch keeps every
+    module hook, and have no ``Handle``. Returns how many modules had them."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"dropit: remove_hooks: model must be an nn.Module, got {type(model).__name__}")
+    stack = _stack()
+    if stack:
+        _drop_stale(stack)
+    count = 0
+    for module in model.modules():
+        if not _has_dropit_hooks(module):
+            continue
+        count += 1
+        for hooks in (module._forward_pre_hooks, module._forward_hooks):
+            for key in [k for k, h in hooks.items() if isinstance(h, _PreHook)]:
+                del hooks[key]
+    return count
 
 
 def _pack_any(policy, t):

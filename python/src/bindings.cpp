@@ -137,10 +137,23 @@ stored; ``positions`` ("smallest", "no_elias_fano") which position encodings a p
           },
           py::arg("seed"), "The same policy with another seed (Random's positions).")
       .def("__repr__", &policy_repr)
-      .def("__eq__", [](const dt::policy& a, const dt::policy& b) {
-        return a.kind == b.kind && a.gamma == b.gamma && a.seed == b.seed && a.codec == b.codec &&
-               a.positions == b.positions;
-      });
+      .def("__eq__",
+           [](const dt::policy& a, const dt::policy& b) {
+             return a.kind == b.kind && a.gamma == b.gamma && a.seed == b.seed &&
+                    a.codec == b.codec && a.positions == b.positions;
+           })
+      .def(
+          "__reduce__",
+          [](const py::object& self) {
+            // pickle and copy.deepcopy (a hooked model's saved policies): the constructor's
+            // arguments, which it validates again. MinK, Random and Identity define their own.
+            const auto& p = self.cast<const dt::policy&>();
+            return py::make_tuple(
+                py::type::of<dt::policy>(),
+                py::make_tuple(dt::to_string(p.kind), p.gamma, p.seed, dt::to_string(p.codec),
+                               dt::to_string(p.positions)));
+          },
+          "Pickles as the constructor's arguments.");
 
   py::class_<dt::packed_tensor>(m, "Packed", R"doc(
 A tensor packed by a policy: the kept values and their positions.
