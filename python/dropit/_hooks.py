@@ -1013,10 +1013,10 @@ def _global_order():
             hooks.move_to_end(closer.id, last=False)
 
 
-class _PreHook:
-    """A layer's forward pre-hook: opens its scope. A class, not a closure, so that a hooked
-    model pickles (torch.save(model)) and deep-copies with its hooks, as PyTorch copies every
-    module hook: the copy gets its own `_Layer`, shared by its pre-hook and forward hook."""
+class _LayerHook:
+    """One of a layer's two module hooks. Objects, not closures, so that a hooked model pickles
+    (torch.save(model)) and deep-copies with its hooks, as PyTorch copies every module hook: the
+    copy gets its own `_Layer`, shared by its two hooks."""
 
     __slots__ = ("layer",)
 
@@ -1028,6 +1028,12 @@ class _PreHook:
 
     def __setstate__(self, layer):
         self.layer = layer
+
+
+class _PreHook(_LayerHook):
+    """A layer's forward pre-hook: opens its scope."""
+
+    __slots__ = ()
 
     def __call__(self, module, args):
         layer = self.layer
@@ -1062,8 +1068,8 @@ def _close(scope):
         _pop_hooks()
 
 
-class _PostHook(_PreHook):
-    """A layer's forward hook: closes its scope (see `_PreHook`)."""
+class _PostHook(_LayerHook):
+    """A layer's forward hook: closes its scope."""
 
     __slots__ = ()
 
@@ -1388,7 +1394,7 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
 
 
 def _has_dropit_hooks(module):
-    return any(isinstance(h, _PreHook) for hooks in (module._forward_pre_hooks,
+    return any(isinstance(h, _LayerHook) for hooks in (module._forward_pre_hooks,
                                                      module._forward_hooks)
                for h in hooks.values())
 
@@ -1410,7 +1416,7 @@ def remove_hooks(model):
             continue
         count += 1
         for hooks in (module._forward_pre_hooks, module._forward_hooks):
-            for key in [k for k, h in hooks.items() if isinstance(h, _PreHook)]:
+            for key in [k for k, h in hooks.items() if isinstance(h, _LayerHook)]:
                 del hooks[key]
     return count
 
