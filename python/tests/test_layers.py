@@ -1602,7 +1602,7 @@ def test_converting_twice_is_refused():
 def test_a_forward_that_raises_leaves_no_hook_behind():
     class Failing(nn.ReLU):
         def forward(self, x):
-            y = super().forward(x)
+            super().forward(x)
             raise RuntimeError("boom")
 
     net = nn.Sequential(nn.Linear(8, 8), Failing())
