@@ -13,7 +13,6 @@ Exit codes: 0 done (and the training loss fell), 1 the loss did not fall, 2 bad 
 77 the data set is missing.
 """
 import argparse
-import copy
 import datetime
 import math
 import os

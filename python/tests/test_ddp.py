@@ -6,8 +6,6 @@ single-process run that equals DDP therefore runs the two shares one after the o
 their gradients (what DDP's all-reduce computes); a single process on the concatenated batch
 equals it only when nothing is dropped (gamma = 0), which is checked too.
 """
-import copy
-import os
 
 import pytest
 import torch
