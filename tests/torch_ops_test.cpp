@@ -111,6 +111,37 @@ TEST_CASE("torch: mask ReLU output and gradient equal LibTorch's, zeros and NaN 
   });
 }
 
+/**
+ * An in-place mask op on views that are not dense (every row's first 5 of 9 columns; a transposed
+ * one), against LibTorch's in-place op `theirs_in_place`: the view's base sees the result, and
+ * the gradient through the base and through the op's output is LibTorch's. (Until 2026-12-07
+ * such a view was processed out of place and the base kept its old values.)
+ */
+template <class InPlace, class TheirsInPlace>
+void check_in_place_on_strided_views(const InPlace& in_place,
+                                     const TheirsInPlace& theirs_in_place) {
+  torch::manual_seed(5);
+  const auto src = torch::randn({6, 9});
+  const auto run = [&](const auto& op, bool transposed) {
+    return forward_backward(
+        [&](const torch::Tensor& t) {
+          auto base = t * 1.0;
+          auto view = transposed ? base.t().narrow(0, 2, 5) : base.narrow(1, 0, 5);
+          REQUIRE_FALSE(view.is_non_overlapping_and_dense());
+          auto out = op(view);
+          return base * 3.0 + out.sum();  // reads the base after the op
+        },
+        src);
+  };
+  for (const bool transposed : {false, true}) {
+    CAPTURE(transposed);
+    auto [y, gx] = run(in_place, transposed);
+    auto [ry, rgx] = run(theirs_in_place, transposed);
+    CHECK(same(y, ry));
+    CHECK(same(gx, rgx));
+  }
+}
+
 TEST_CASE("torch: mask ReLU keeps strides (channels-last, transposed views) and works in place") {
   torch::manual_seed(2);
   auto base = torch::randn({2, 3, 5, 4});
@@ -137,6 +168,8 @@ TEST_CASE("torch: mask ReLU keeps strides (channels-last, transposed views) and 
   out.sum().backward();
   CHECK(torch::equal(x.grad(), x.detach().gt(0).to(torch::kFloat)));
   CHECK(dt::live_saved_bytes().masks == masks_before);
+  check_in_place_on_strided_views([](torch::Tensor& t) { return dt::relu_(t); },
+                                  [](torch::Tensor& t) { return torch::relu_(t); });
   // The module honours inplace in training and in eval mode.
   dt::ReLU inplace(torch::nn::ReLUOptions().inplace(true), make_policy(dt::policy_kind::mink));
   auto h2 = x * 1.0;
@@ -253,14 +286,14 @@ TEST_CASE("torch: mask LeakyReLU output and gradient equal LibTorch's, zeros and
 
 /**
  * What every elementwise mask op does with layouts and memory, checked against LibTorch's op
- * `theirs`: channels-last and transposed inputs give LibTorch's values, strides and gradient; a
- * strided view in place (`in_place`) is processed out of place; 1 bit per element is held where
+ * `theirs` (in place: `theirs_in_place`): channels-last and transposed inputs give LibTorch's
+ * values, strides and gradient; in place on a strided view too; 1 bit per element is held where
  * LibTorch holds the whole tensor; in place the input's memory is reused and the gradient of a
  * sum is `sum_grad(x)`.
  */
-template <class Ours, class Theirs, class InPlace, class SumGrad>
+template <class Ours, class Theirs, class InPlace, class TheirsInPlace, class SumGrad>
 void check_mask_op_layouts(const Ours& ours, const Theirs& theirs, const InPlace& in_place,
-                           const SumGrad& sum_grad) {
+                           const TheirsInPlace& theirs_in_place, const SumGrad& sum_grad) {
   torch::manual_seed(2);
   const auto cl = torch::randn({2, 3, 5, 4}).contiguous(torch::MemoryFormat::ChannelsLast);
   const auto tr = torch::randn({6, 9}).t();  // not dense in memory order: goes through a copy
@@ -271,18 +304,7 @@ void check_mask_op_layouts(const Ours& ours, const Theirs& theirs, const InPlace
     CHECK(same(y, ry));
     CHECK(same(gx, rgx));
   }
-  // a strided view in place: processed out of place, the handle rebound to the result
-  const auto base = torch::randn({6, 9}).t().contiguous();
-  auto [vy, vgx] = forward_backward(
-      [&](const torch::Tensor& t) {
-        auto h = (t * 1.0).t();
-        return in_place(h);
-      },
-      base);
-  auto [rvy, rvgx] =
-      forward_backward([&](const torch::Tensor& t) { return theirs((t * 1.0).t()); }, base);
-  CHECK(same(vy, rvy));
-  CHECK(same(vgx, rvgx));
+  check_in_place_on_strided_views(in_place, theirs_in_place);
 
   dt::counting_allocator counter;
   dt::cpu_allocator_guard install(counter);
@@ -304,6 +326,7 @@ TEST_CASE("torch: mask LeakyReLU keeps strides, saves 1 bit per element and work
   check_mask_op_layouts([](const torch::Tensor& t) { return dt::leaky_relu(t, 0.1); },
                         [](const torch::Tensor& t) { return torch::leaky_relu(t, 0.1); },
                         [](torch::Tensor& t) { return dt::leaky_relu_(t, 0.1); },
+                        [](torch::Tensor& t) { return torch::leaky_relu_(t, 0.1); },
                         [](const torch::Tensor& x) { return torch::where(x > 0, 1.0f, 0.1f); });
 }
 
@@ -473,6 +496,7 @@ TEST_CASE("torch: mask Hardtanh keeps strides, saves 1 bit per element, refuses 
       [](const torch::Tensor& t) { return dt::hardtanh(t, -0.5, 0.75); },
       [](const torch::Tensor& t) { return torch::hardtanh(t, -0.5, 0.75); },
       [](torch::Tensor& t) { return dt::hardtanh_(t, -0.5, 0.75); },
+      [](torch::Tensor& t) { return torch::hardtanh_(t, -0.5, 0.75); },
       [](const torch::Tensor& x) { return (x > -0.5).logical_and(x < 0.75).to(torch::kFloat); });
 
   // min_val > max_val, or a NaN bound: a dropit::error, with or without a gradient

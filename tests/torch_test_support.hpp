@@ -84,9 +84,9 @@ inline torch::Tensor topk_sparsified(const torch::Tensor& x, double gamma) {
 }
 
 /**
- * Checks that `mine` refuses, as a dropit::error carrying LibTorch's message, the views LibTorch's
- * in-place op `ref` refuses: an output of an op with several views (chunk) and a view made in
- * no_grad mode, both of a tensor that requires grad. Each op gets a fresh view.
+ * Checks that `mine` refuses, as a dropit::error carrying LibTorch's message, what LibTorch's
+ * in-place op `ref` refuses: a leaf that requires grad, a view of one, an output of an op with
+ * several views (chunk) and a view made in no_grad mode. Each op gets a fresh tensor.
  */
 template <class Mine, class Ref>
 void check_refuses_forbidden_views(const Mine& mine, const Ref& ref) {
@@ -113,6 +113,8 @@ void check_refuses_forbidden_views(const Mine& mine, const Ref& ref) {
   };
   check(chunked, "an output of chunk");
   check(no_grad_view, "a view made in no_grad mode");
+  check([&] { return x; }, "a leaf");
+  check([&] { return x.narrow(0, 0, 4); }, "a view of a leaf");
 }
 
 }  // namespace dropit_torch_test

@@ -1278,13 +1278,44 @@ def _plain_error(fn):
     raise AssertionError("plain PyTorch accepted it")
 
 
-@pytest.mark.parametrize("view", ["chunk", "no_grad", "full_backward_hook"])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_inplace_relu_on_a_strided_view_changes_its_base(transposed):
+    # A view that is not dense (every row's first 5 of 9 columns; of the transpose): dropit's
+    # kernel computes it out of place and copies it back, so the base sees the result, as with
+    # PyTorch's relu_, and a mask is all that is saved. Until 2026-12-07 the base kept its old
+    # values (the output and the gradient through the base differed from PyTorch's).
+    def run(relu):
+        torch.manual_seed(0)
+        x = torch.randn(6, 9, requires_grad=True)
+        base = x * 1
+        view = base.t()[2:7] if transposed else base[:, :5]
+        assert not view.is_contiguous()
+        out = relu(view)
+        masks = dropit.live_saved_bytes().masks
+        y = base * 3 + out.sum()
+        (gx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+        return y, gx, out is view, masks
+
+    relu = nn.ReLU(inplace=True)
+    dropit.to_dropit(relu, "mink", 0.9)
+    y, gx, same_object, masks = run(relu)
+    y0, gx0, same_object0, _ = run(nn.ReLU(inplace=True))
+    _same(y, y0)
+    _same(gx, gx0)
+    assert same_object and same_object0
+    assert masks == ((30 + 31) // 32) * 4
+
+
+@pytest.mark.parametrize("view", ["chunk", "no_grad", "full_backward_hook", "leaf"])
 def test_inplace_relu_refuses_what_pytorch_refuses(view):
-    # A view autograd forbids writing in place: an output of chunk, a view made in no_grad mode,
-    # the input a full backward hook wraps. dropit's in-place kernel refuses it and PyTorch's
-    # relu_ raises its own error (before: an internal assertion of LibTorch).
+    # What autograd forbids writing in place: an output of chunk, a view made in no_grad mode,
+    # the input a full backward hook wraps, a leaf. dropit's in-place kernel refuses it and
+    # PyTorch's relu_ raises its own error (before: an internal assertion of LibTorch, and for a
+    # leaf another wording).
     def run(relu):
         x = torch.randn(8, 6, requires_grad=True)
+        if view == "leaf":
+            return relu(x)
         if view == "full_backward_hook":
             relu.register_full_backward_hook(lambda module, gin, gout: None)
             return relu(x * 1)

@@ -160,10 +160,12 @@ template <std::size_t D>
  * mask is saved, so no second tensor of x's size is allocated.
  *
  * LibTorch's in-place rules apply (x must not be a leaf that requires a gradient, nor saved by an
- * earlier op). A non-dense x (a strided view) is processed out of place and x is rebound to the
- * result.
+ * earlier op). A non-dense x (a strided view) is computed out of place and copied back into x (its
+ * base changes, as with LibTorch's op).
  * @return x
- * @throw dropit::error for an unsupported device or dtype.
+ * @throw dropit::error for an unsupported device or dtype, or an x LibTorch's in-place op refuses
+ * (a leaf that requires a gradient or a view of one, a view made in no_grad mode or by an op with
+ * several outputs or by a custom function), with LibTorch's message.
  */
 at::Tensor relu_(at::Tensor& x);
 
@@ -182,10 +184,10 @@ at::Tensor relu_(at::Tensor& x);
 /**
  * @brief In-place `leaky_relu` (as `at::leaky_relu_`): x is overwritten and only the 1-bit mask of
  * its old values is saved. Unlike LibTorch's, which saves the result and so refuses a negative
- * slope in place, any slope works. A non-dense x (a strided view) is processed out of place and
- * x is rebound to the result.
+ * slope in place, any slope works. A non-dense x (a strided view) is computed out of place and
+ * copied back into x (its base changes, as with LibTorch's op).
  * @return x
- * @throw dropit::error for an unsupported device or dtype.
+ * @throw dropit::error as `relu_`.
  */
 at::Tensor leaky_relu_(at::Tensor& x, double negative_slope = 0.01);
 
@@ -207,9 +209,10 @@ at::Tensor leaky_relu_(at::Tensor& x, double negative_slope = 0.01);
 
 /**
  * @brief In-place `hardtanh` (as `at::hardtanh_`): x is overwritten and only the 1-bit mask is
- * saved. A non-dense x (a strided view) is processed out of place and x is rebound to the result.
+ * saved. A non-dense x (a strided view) is computed out of place and copied back into x (its base
+ * changes, as with LibTorch's op).
  * @return x
- * @throw dropit::error as `hardtanh`.
+ * @throw dropit::error as `hardtanh`, and as `relu_` for an x refused in place.
  */
 at::Tensor hardtanh_(at::Tensor& x, double min_val = -1.0, double max_val = 1.0);
 

@@ -785,6 +785,13 @@ inline void check_mask_op(const at::Tensor& x, const char* who) {
   check_packable(x, who);
 }
 
+/// An in-place mask op on a non-dense x (a strided view): y, computed out of place, copied into x.
+/// LibTorch's copy_ records the write for autograd, so x's base changes and its gradient flows as
+/// with LibTorch's in-place op; only the mask stays saved.
+inline at::Tensor write_back(at::Tensor& x, const at::Tensor& y) {
+  return x.copy_(y);
+}
+
 }  // namespace detail
 
 inline at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
@@ -899,12 +906,11 @@ inline at::Tensor leaky_relu_(at::Tensor& x, double negative_slope) {
   if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad()) {
     return at::leaky_relu_(x, negative_slope);
   }
-  if (!x.is_non_overlapping_and_dense()) {
-    x = dropit::torch::leaky_relu(x, negative_slope);  // a strided view: out of place
-    return x;
-  }
   detail::check_mask_op(x, "leaky_relu_");
   detail::check_in_place(x, "leaky_relu_");
+  if (!x.is_non_overlapping_and_dense()) {
+    return detail::write_back(x, dropit::torch::leaky_relu(x, negative_slope));
+  }
   (void)detail::engine_owned_use_count();
   return detail::leaky_relu_fn::apply(x, negative_slope, true);
 }
@@ -926,27 +932,20 @@ inline at::Tensor hardtanh_(at::Tensor& x, double min_val, double max_val) {
   if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad()) {
     return at::hardtanh_(x, min_val, max_val);
   }
-  if (!x.is_non_overlapping_and_dense()) {
-    x = dropit::torch::hardtanh(x, min_val, max_val);  // a strided view: out of place
-    return x;
-  }
   detail::check_mask_op(x, "hardtanh_");
   detail::check_in_place(x, "hardtanh_");
+  if (!x.is_non_overlapping_and_dense()) {
+    return detail::write_back(x, dropit::torch::hardtanh(x, min_val, max_val));
+  }
   (void)detail::engine_owned_use_count();
   return detail::clamp_mask_fn::apply(x, true, detail::clamp_bounds{{min_val, max_val}});
 }
 
 inline at::Tensor relu_(at::Tensor& x) {
-  if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad() ||
-      !x.is_non_overlapping_and_dense()) {
-    if (::torch::autograd::GradMode::is_enabled() && x.requires_grad()) {
-      x = dropit::torch::relu(x);  // a strided view: out of place
-      return x;
-    }
-    return at::relu_(x);
-  }
+  if (!::torch::autograd::GradMode::is_enabled() || !x.requires_grad()) return at::relu_(x);
   detail::check_mask_op(x, "relu_");
   detail::check_in_place(x, "relu_");
+  if (!x.is_non_overlapping_and_dense()) return detail::write_back(x, dropit::torch::relu(x));
   (void)detail::engine_owned_use_count();
   return detail::clamp_mask_fn::apply(x, true, detail::clamp_bounds{});
 }

@@ -67,18 +67,24 @@ inline void check_packable(const at::Tensor& x, const char* who) {
 
 /**
  * Throws what LibTorch's own in-place op would, as a dropit::error, when autograd forbids writing
- * x in place: a view made by a custom Function (a full backward hook's input, say), by an op with
- * several view outputs, or in no_grad mode. An autograd Function's mark_dirty skips this check
- * and fails an internal assertion instead.
+ * x (which requires grad) in place: a leaf or a view of one; a view made by a custom Function (a
+ * full backward hook's input, say), by an op with several view outputs, or in no_grad mode. An
+ * autograd Function's mark_dirty fails an internal assertion on those views instead.
  */
 inline void check_in_place(const at::Tensor& x, const char* who) {
   auto* view = ::torch::autograd::impl::get_view_autograd_meta(x);
-  if (view == nullptr || !view->has_bw_view()) return;
-  try {
-    ::torch::autograd::handle_view_on_rebase(view);
-  } catch (const c10::Error& e) {
-    dropit::detail::throw_error("torch::", who, ": ", e.what_without_backtrace());
+  if (view != nullptr && view->has_bw_view()) {
+    try {
+      ::torch::autograd::handle_view_on_rebase(view);
+    } catch (const c10::Error& e) {
+      dropit::detail::throw_error("torch::", who, ": ", e.what_without_backtrace());
+    }
+    DROPIT_EXPECTS(!(x.requires_grad() && x._base().is_leaf()), "torch::", who,
+                   ": a view of a leaf Variable that requires grad is being used in an in-place "
+                   "operation.");
   }
+  DROPIT_EXPECTS(!(x.requires_grad() && x.is_leaf()), "torch::", who,
+                 ": a leaf Variable that requires grad is being used in an in-place operation.");
 }
 
 /// The executor for CPU tensors: LibTorch's thread count, payloads from LibTorch's allocator.
