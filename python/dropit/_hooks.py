@@ -715,7 +715,7 @@ class _Scope:
     """One forward of one layer: the pack hook and what it needs to know about the input."""
 
     __slots__ = ("layer", "module", "frame", "x", "x_requires_grad", "policy", "memo", "mode",
-                 "route", "hooks", "op_done", "op", "__weakref__")
+                 "route", "hooks", "op_done", "op")
 
     def __init__(self, layer, module, frame, x):
         # module: the one called (a deepcopy or unpickled copy of a hooked model shares no

@@ -1630,6 +1630,28 @@ def test_converting_twice_is_refused():
         dropit.to_dropit(lambda x: x)
 
 
+def test_a_module_assigned_after_to_dropit_is_not_hooked_until_converted_again():
+    # to_dropit hooks the modules the model has when it is called (docs/python.md, Limits).
+    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    handle = dropit.to_dropit(net)
+    net[2] = nn.Linear(64, 8)
+    assert hook_count(net[2]) == 0 and hook_count(net[0]) == 2
+    x = torch.randn(16, 64)
+
+    def saved_sparse():
+        y = net(x)
+        held = dropit.live_saved_bytes().sparse
+        y.sum().backward()
+        return held
+
+    one_layer = saved_sparse()
+    handle.remove()
+    handle = dropit.to_dropit(net)
+    assert [n for n, _ in handle.layers] == ["0", "1", "2"]
+    assert 0 < one_layer < saved_sparse()
+    handle.remove()
+
+
 def test_a_forward_that_raises_leaves_no_hook_behind():
     class Failing(nn.ReLU):
         def forward(self, x):
