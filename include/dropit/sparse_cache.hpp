@@ -7,6 +7,7 @@
 
 #include <dropit/codec.hpp>
 #include <dropit/detail/payload.hpp>
+#include <dropit/detail/payload_check.hpp>
 #include <dropit/error.hpp>
 #include <dropit/format.hpp>
 #include <dropit/policy.hpp>
@@ -28,6 +29,15 @@ concept executor_for = requires(const E& e, const P& p, const C& c, const T* x, 
   { E::space } -> std::convertible_to<memory_space>;
   { e.template pack<T>(p, c, x, layout) } -> std::same_as<detail::payload>;
   e.restore(payload, layout, out, 1.0);
+};
+
+/**
+ * @brief An executor that can take a payload from host bytes: `dropit::host`. `copy_in` returns a
+ * new payload of the executor's memory space holding a copy of the bytes.
+ */
+template <class E>
+concept payload_loader = requires(const E& e, std::span<const std::byte> bytes) {
+  { e.copy_in(bytes) } -> std::same_as<detail::payload>;
 };
 
 /**
@@ -109,6 +119,31 @@ class SparseCache {
   template <class Exec>
   requires executor_for<Exec, T, Policy, Codec>
   void restore(const Exec& exec, std::span<T> out) const;
+
+  /**
+   * @brief Takes a payload that another cache of this element type and codec packed: its
+   * `payload()` bytes (in host memory, e.g. read back from a file or another process) with its
+   * `size()`, `kept()` and `layout().positions`. Restore then writes what the other cache's
+   * restore writes, scaled as this cache's policy says for n and k.
+   *
+   * The bytes are checked first to be exactly such a payload (format.hpp): the size the layout
+   * gives, zero padding, and positions that decode to k strictly ascending indices below n with
+   * consistent block offsets; values and scales may be any bits. So no input, however corrupt,
+   * makes a restore read or write out of bounds.
+   * @code
+   * dropit::SparseCache<float, dropit::MinK<>> a{dropit::MinK<>{0.9}}, b{dropit::MinK<>{0.9}};
+   * a.pack(dropit::host, x);
+   * std::vector<std::byte> saved(a.payload().begin(), a.payload().end());
+   * b.load(dropit::host, a.size(), a.kept(), a.layout().positions, saved);
+   * @endcode
+   * @throw dropit::error if k > n, if no pack of n and k stores its positions as `positions`, if
+   * the bytes are not such a payload, or what the executor throws (allocation); the cache is then
+   * unchanged.
+   */
+  template <class Exec>
+  requires executor_for<Exec, T, Policy, Codec> && payload_loader<Exec>
+  void load(const Exec& exec, std::size_t n, std::size_t k, position_encoding positions,
+            std::span<const std::byte> bytes);
 
   /// @brief Elements of the packed tensor (n); 0 when empty.
   [[nodiscard]] std::size_t size() const noexcept { return layout_.n; }

@@ -66,6 +66,24 @@ void SparseCache<T, Policy, Codec>::pack(const Exec& exec, std::span<const T> x)
 template <element T, class Policy, value_codec_type Codec>
 requires policy_for<Policy, T>
 template <class Exec>
+requires executor_for<Exec, T, Policy, Codec> && payload_loader<Exec>
+void SparseCache<T, Policy, Codec>::load(const Exec& exec, std::size_t n, std::size_t k,
+                                         position_encoding positions,
+                                         std::span<const std::byte> bytes) {
+  const packed_layout layout = detail::load_layout(n, k, sizeof(T), Codec::kind, positions);
+  detail::check_payload(layout, bytes);
+  double scale = 1.0;
+  if constexpr (has_restore_scale<Policy>) scale = static_cast<double>(policy_.restore_scale(n, k));
+  detail::payload fresh = exec.copy_in(bytes);
+  payload_ = std::move(fresh);
+  layout_ = layout;
+  scale_ = scale;
+  packed_ = true;
+}
+
+template <element T, class Policy, value_codec_type Codec>
+requires policy_for<Policy, T>
+template <class Exec>
 requires executor_for<Exec, T, Policy, Codec>
 void SparseCache<T, Policy, Codec>::restore(const Exec& exec, std::span<T> out) const {
   DROPIT_EXPECTS(packed_, "restore: the cache is empty (nothing was packed)");

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <memory_resource>
+#include <span>
 
 namespace dropit {
 
@@ -87,6 +88,10 @@ struct host_executor {
   template <class T, class Policy, class Codec>
   [[nodiscard]] detail::payload pack(const Policy& policy, const Codec& codec, const T* x,
                                      const packed_layout& layout) const;
+
+  /// @brief A new payload from the memory resource holding a copy of `bytes`. Called by
+  /// `SparseCache::load`.
+  [[nodiscard]] detail::payload copy_in(std::span<const std::byte> bytes) const;
 
   /**
    * @brief Writes the dense tensor held in `payload` to out (layout.n elements), multiplying kept

@@ -417,6 +417,15 @@ void host_restore(const payload& payload, const packed_layout& layout, T* out, d
 
 }  // namespace detail
 
+inline detail::payload host_executor::copy_in(std::span<const std::byte> bytes) const {
+  if (bytes.empty()) return {};
+  std::pmr::memory_resource* mr = memory_resource();
+  detail::payload out(static_cast<std::byte*>(mr->allocate(bytes.size(), 64)), bytes.size(),
+                      memory_space::host, &detail::release_host, mr, nullptr);
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
 template <class T, class Policy, class Codec>
 detail::payload host_executor::pack(const Policy& policy, const Codec& codec, const T* x,
                                     const packed_layout& layout) const {
