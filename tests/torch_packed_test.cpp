@@ -87,6 +87,42 @@ TEST_CASE("torch packed_tensor: bad tensors throw before anything is allocated")
   CHECK_THROWS_AS((void)dt::packed_tensor{}.restore(), dropit::error);
 }
 
+TEST_CASE("torch packed_tensor: load rebuilds a pack from its accessors, and checks them") {
+  const auto x = tie_free({3, 4, 9, 10}, torch::kFloat).contiguous(at::MemoryFormat::ChannelsLast);
+  dt::policy random = make_policy(dt::policy_kind::random, 0.75, 5);
+  random.codec = dropit::value_codec::int8;
+  for (const dt::policy& p : {make_policy(dt::policy_kind::mink, 0.9), random}) {
+    const auto a = dt::packed_tensor::pack_saved(x, p);
+    const std::vector<std::byte> bytes(a.payload().begin(), a.payload().end());
+    const auto before = dt::live_saved_bytes().sparse;
+    const auto b = dt::packed_tensor::load(a.dtype(), a.sizes(), a.strides(), a.packed_with(),
+                                           a.kept(), a.positions(), bytes);
+    CHECK(dt::live_saved_bytes().sparse == before + b.bytes());
+    CHECK(b.packed_with().kind == p.kind);
+    CHECK(b.packed_with().seed == p.seed);
+    CHECK(b.packed_with().codec == p.codec);
+    const auto ra = a.restore(), rb = b.restore();
+    CHECK(rb.strides() == ra.strides());
+    CHECK(torch::equal(ra, rb));
+  }
+  const auto a = dt::packed_tensor::pack(torch::randn({6, 7}), make_policy(dt::policy_kind::mink));
+  const std::vector<std::byte> bytes(a.payload().begin(), a.payload().end());
+  auto refused = [&](std::vector<std::int64_t> sizes, std::vector<std::int64_t> strides,
+                     at::ScalarType dtype, std::size_t kept, const char* message) {
+    CHECK_THROWS_WITH_AS((void)dt::packed_tensor::load(dtype, std::move(sizes), std::move(strides),
+                                                       a.packed_with(), kept, a.positions(), bytes),
+                         doctest::Contains(message), dropit::error);
+  };
+  refused({6, 7}, {1, 1}, at::kFloat, a.kept(), "strides [1, 1] are not a dense layout");
+  refused({6, 7}, {7, 2}, at::kFloat, a.kept(), "are not a dense layout");
+  refused({6, -7}, {7, 1}, at::kFloat, a.kept(), "size -7 and stride 1 of dimension 1");
+  refused({6, 7}, {7}, at::kFloat, a.kept(), "2 sizes and 1 strides");
+  refused({6, 7}, {7, 1}, at::kLong, a.kept(), "no dropit element type");
+  refused({6, 7}, {7, 1}, at::kDouble, a.kept(), "load: the payload has");
+  refused({6, 7}, {7, 1}, at::kFloat, 43, "load: k = 43 kept elements of n = 42");
+  refused({1 << 30, 1 << 30, 1 << 30}, {1, 1, 1}, at::kFloat, 1, "too many elements");
+}
+
 namespace {
 /// A channels-last ReLU output whose element count is no multiple of 32.
 at::Tensor cl_source() {

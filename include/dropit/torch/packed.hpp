@@ -35,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace dropit::torch {
@@ -58,8 +59,31 @@ class packed_tensor {
    */
   [[nodiscard]] static packed_tensor pack_saved(const at::Tensor& t, const policy& p);
 
+  /**
+   * @brief A pack rebuilt from what another pack's accessors give (`dtype()`, `sizes()`,
+   * `strides()`, `packed_with()`, `kept()`, `positions()`, `payload()`), e.g. after the bytes went
+   * through a file or another process. The payload is checked as `SparseCache::load` checks it,
+   * so corrupt input is refused, never restored out of bounds.
+   * @throw dropit::error for an unsupported dtype, a negative size, strides that are not a dense
+   * layout of the sizes (a permutation of contiguous strides), a bad policy, or a payload that is
+   * not exactly what such a pack holds. Nothing is allocated then.
+   */
+  [[nodiscard]] static packed_tensor load(at::ScalarType dtype, std::vector<std::int64_t> sizes,
+                                          std::vector<std::int64_t> strides, const policy& p,
+                                          std::size_t kept, position_encoding positions,
+                                          std::span<const std::byte> payload);
+
   /// @brief A new tensor with the packed sizes, strides and dtype: kept values, zeros elsewhere.
   [[nodiscard]] at::Tensor restore() const;
+
+  /// @brief The payload bytes (format.hpp); empty for a default-constructed pack.
+  [[nodiscard]] std::span<const std::byte> payload() const noexcept;
+  /// @brief The policy the tensor was packed with (kind, gamma, seed, codec, position choice).
+  [[nodiscard]] policy packed_with() const;
+  /// @brief How the payload stores the kept positions.
+  [[nodiscard]] position_encoding positions() const;
+  /// @brief Strides of the packed tensor (its elements lie in the payload in memory order).
+  [[nodiscard]] const std::vector<std::int64_t>& strides() const noexcept { return strides_; }
 
   /// @brief Payload bytes held (values and positions).
   [[nodiscard]] std::size_t bytes() const noexcept;
@@ -73,6 +97,11 @@ class packed_tensor {
   [[nodiscard]] at::ScalarType dtype() const noexcept { return dtype_; }
 
  private:
+  /// Holds box (its cache packed or loaded) and counts its bytes as `sparse`.
+  [[nodiscard]] static packed_tensor own(std::unique_ptr<detail::cache_box> box,
+                                         std::vector<std::int64_t> sizes,
+                                         std::vector<std::int64_t> strides, at::ScalarType dtype);
+
   at::Tensor owner_;  ///< a byte tensor whose storage owns the cache (detail::cache_box)
   std::vector<std::int64_t> sizes_, strides_;
   at::ScalarType dtype_ = at::kFloat;

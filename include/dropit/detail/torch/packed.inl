@@ -6,6 +6,7 @@
 
 #include <ATen/Dispatch.h>
 
+#include <algorithm>
 #include <bit>
 #include <limits>
 #include <memory>
@@ -49,15 +50,63 @@ inline packed_tensor packed_tensor::pack_saved(const at::Tensor& t, const policy
   auto box = std::make_unique<detail::cache_box>();
   // Elements in memory order: a dense tensor's storage span from its data pointer.
   box->cache.pack(dense, p);
-  box->dtype = dense.scalar_type();
+  return own(std::move(box), dense.sizes().vec(), dense.strides().vec(), dense.scalar_type());
+}
+
+namespace detail {
+/// Throws unless strides lay out sizes densely (a permutation of contiguous strides); returns the
+/// element count.
+[[nodiscard]] inline std::size_t dense_numel(const std::vector<std::int64_t>& sizes,
+                                             const std::vector<std::int64_t>& strides) {
+  DROPIT_EXPECTS(sizes.size() == strides.size(), "torch::packed_tensor::load: ", sizes.size(),
+                 " sizes and ", strides.size(), " strides");
+  std::size_t n = 1;
+  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, size) of sizes above 1
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    DROPIT_EXPECTS(sizes[d] >= 0 && strides[d] >= 0, "torch::packed_tensor::load: size ", sizes[d],
+                   " and stride ", strides[d], " of dimension ", d, " (both must be >= 0)");
+    const auto size = static_cast<std::size_t>(sizes[d]);
+    if (size == 0) return 0;
+    DROPIT_EXPECTS(n <= dropit::detail::max_load_elements / size,
+                   "torch::packed_tensor::load: too many elements");
+    n *= size;
+    if (size > 1) dims.emplace_back(strides[d], sizes[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  std::int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    DROPIT_EXPECTS(stride == expected, "torch::packed_tensor::load: strides ",
+                   at::IntArrayRef(strides), " are not a dense layout of sizes ",
+                   at::IntArrayRef(sizes));
+    expected *= size;
+  }
+  return n;
+}
+}  // namespace detail
+
+inline packed_tensor packed_tensor::load(at::ScalarType dtype, std::vector<std::int64_t> sizes,
+                                         std::vector<std::int64_t> strides, const policy& p,
+                                         std::size_t kept, position_encoding positions,
+                                         std::span<const std::byte> payload) {
+  const std::size_t n = detail::dense_numel(sizes, strides);
+  p.validate();
+  auto box = std::make_unique<detail::cache_box>();
+  box->cache.load(dtype, p, n, kept, positions, payload);
+  return own(std::move(box), std::move(sizes), std::move(strides), dtype);
+}
+
+inline packed_tensor packed_tensor::own(std::unique_ptr<detail::cache_box> box,
+                                        std::vector<std::int64_t> sizes,
+                                        std::vector<std::int64_t> strides, at::ScalarType dtype) {
+  box->dtype = dtype;
   box->counted = box->cache.bytes();
   detail::counters().sparse.fetch_add(box->counted, std::memory_order_relaxed);
   void* data = const_cast<std::byte*>(box->cache.data());
   const std::size_t bytes = box->cache.bytes();
   packed_tensor out;
-  out.sizes_ = dense.sizes().vec();
-  out.strides_ = dense.strides().vec();
-  out.dtype_ = dense.scalar_type();
+  out.sizes_ = std::move(sizes);
+  out.strides_ = std::move(strides);
+  out.dtype_ = dtype;
   out.owner_ =
       detail::box_tensor(std::move(box), data, bytes, at::kByte, static_cast<std::int64_t>(bytes));
   return out;
@@ -69,6 +118,21 @@ inline at::Tensor packed_tensor::restore() const {
   at::Tensor out = detail::empty_like_dense(sizes_, strides_, dtype_);
   box.cache.restore(out);
   return out;
+}
+
+inline std::span<const std::byte> packed_tensor::payload() const noexcept {
+  if (!owner_.defined()) return {};
+  return {static_cast<const std::byte*>(owner_.data_ptr()), bytes()};
+}
+
+inline policy packed_tensor::packed_with() const {
+  DROPIT_EXPECTS(owner_.defined(), "torch::packed_tensor: an empty pack");
+  return detail::box_of<detail::cache_box>(owner_).cache.packed_with();
+}
+
+inline position_encoding packed_tensor::positions() const {
+  DROPIT_EXPECTS(owner_.defined(), "torch::packed_tensor: an empty pack");
+  return detail::box_of<detail::cache_box>(owner_).cache.layout().positions;
 }
 
 inline std::size_t packed_tensor::bytes() const noexcept {

@@ -98,37 +98,50 @@ class any_cache {
  public:
   /// Packs x (contiguous, CPU) with policy p.
   void pack(const at::Tensor& x, const policy& p) {
-    dispatch_element(x.scalar_type(), [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      const std::span<const T> data(static_cast<const T*>(x.data_ptr()),
-                                    static_cast<std::size_t>(x.numel()));
-      const host_executor exec = torch_host_executor();
-      auto with_codec = [&](const auto& selection) {
-        using P = std::decay_t<decltype(selection)>;
-        switch (p.codec) {
-          case value_codec::int8:
-            emplace<T, P, codec::int8>(exec, data, selection, p.positions);
-            break;
-          case value_codec::fp8_e4m3:
-            emplace<T, P, codec::fp8_e4m3>(exec, data, selection, p.positions);
-            break;
-          default:
-            emplace<T, P, codec::exact>(exec, data, selection, p.positions);
-            break;
-        }
-      };
-      switch (p.kind) {
-        case policy_kind::mink:
-          with_codec(MinK<>{p.gamma});
-          break;
-        case policy_kind::random:
-          with_codec(Random<>{p.gamma, p.seed});
-          break;
-        default:
-          with_codec(Identity{});
-          break;
+    with_new(x.scalar_type(), p, [&](auto c) {
+      using T = typename decltype(c)::value_type;
+      c.pack(torch_host_executor(), std::span<const T>(static_cast<const T*>(x.data_ptr()),
+                                                       static_cast<std::size_t>(x.numel())));
+      cache_ = std::move(c);
+    });
+  }
+
+  /// Takes a payload of `dtype` elements packed with policy p (`SparseCache::load`: checked).
+  void load(at::ScalarType dtype, const policy& p, std::size_t n, std::size_t k,
+            position_encoding positions, std::span<const std::byte> bytes) {
+    with_new(dtype, p, [&](auto c) {
+      c.load(torch_host_executor(), n, k, positions, bytes);
+      cache_ = std::move(c);
+    });
+  }
+
+  /// The policy the cache held was packed with (kind, gamma, seed, codec, position choice).
+  [[nodiscard]] policy packed_with() const {
+    policy p;
+    with_held([&](const auto& c) {
+      using C = std::decay_t<decltype(c)>;
+      using P = typename C::policy_type;
+      p.codec = C::codec_type::kind;
+      p.positions = c.positions();
+      if constexpr (std::is_same_v<P, MinK<>>) {
+        p.kind = policy_kind::mink;
+        p.gamma = c.policy().gamma();
+      } else if constexpr (std::is_same_v<P, Random<>>) {
+        p.kind = policy_kind::random;
+        p.gamma = c.policy().gamma();
+        p.seed = c.policy().seed();
+      } else {
+        p.kind = policy_kind::identity;
       }
     });
+    return p;
+  }
+
+  /// The layout of the payload held.
+  [[nodiscard]] packed_layout layout() const {
+    packed_layout l;
+    with_held([&](const auto& c) { l = c.layout(); });
+    return l;
   }
 
   /// Writes the dense tensor into out (contiguous, CPU, size() elements of the packed dtype).
@@ -231,13 +244,31 @@ class any_cache {
         cache_);
   }
 
-  /// Packs into a new cache of this element type, policy and codec, then holds it.
-  template <class T, class P, class C>
-  void emplace(const host_executor& exec, std::span<const T> data, const P& selection,
-               position_choice positions) {
-    SparseCache<T, P, C> c{selection, C{}, positions};
-    c.pack(exec, data);
-    cache_ = std::move(c);
+  /// `f(cache)` with a new, empty SparseCache of `dtype`'s element type, p's policy and codec.
+  template <class F>
+  static void with_new(at::ScalarType dtype, const policy& p, F f) {
+    dispatch_element(dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      auto with_codec = [&](const auto& selection) {
+        using P = std::decay_t<decltype(selection)>;
+        switch (p.codec) {
+          case value_codec::int8:
+            return f(SparseCache<T, P, codec::int8>{selection, {}, p.positions});
+          case value_codec::fp8_e4m3:
+            return f(SparseCache<T, P, codec::fp8_e4m3>{selection, {}, p.positions});
+          default:
+            return f(SparseCache<T, P, codec::exact>{selection, {}, p.positions});
+        }
+      };
+      switch (p.kind) {
+        case policy_kind::mink:
+          return with_codec(MinK<>{p.gamma});
+        case policy_kind::random:
+          return with_codec(Random<>{p.gamma, p.seed});
+        default:
+          return with_codec(Identity{});
+      }
+    });
   }
 
   /// Type lists as variants, joined.
