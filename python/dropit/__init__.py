@@ -107,3 +107,9 @@ def memory_counter():
         print(counter.peak_bytes - base)
     """
     return MemoryCounter()
+
+
+def _load_packed(dtype, shape, strides, policy, kept, positions, payload):
+    """Rebuilds a pickled ``Packed`` (what its ``__reduce__`` gives). The C++ load checks every
+    part again, so a corrupt or forged pickle raises ``dropit.Error``."""
+    return _C._load_packed(dtype, shape, strides, policy, kept, positions, payload)

@@ -6,6 +6,7 @@
 #include <dropit/torch/packed.hpp>
 #include <dropit/torch/policy.hpp>
 
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/extension.h>
 
@@ -169,6 +170,21 @@ payload size, ``kept`` and ``numel`` count elements.)doc")
                              [](const dt::packed_tensor& p) { return shape_tuple(p.sizes()); })
       .def_property_readonly("dtype",
                              [](const dt::packed_tensor& p) { return dtype_object(p.dtype()); })
+      .def(
+          "__reduce__",
+          [](const dt::packed_tensor& p) {
+            // pickle, copy and torch.save: what packed_tensor::load takes, which checks it all
+            // again (a corrupt or forged pickle is refused, never restored out of bounds).
+            const auto bytes = p.payload();
+            return py::make_tuple(
+                py::module_::import("dropit").attr("_load_packed"),
+                py::make_tuple(
+                    dtype_object(p.dtype()), shape_tuple(p.sizes()), shape_tuple(p.strides()),
+                    p.packed_with(), p.kept(), dropit::detail::encoding_name(p.positions()),
+                    py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
+          },
+          "Pickles as its dtype, shape, strides, policy, kept count, position encoding and "
+          "payload bytes.")
       .def("__repr__", [](const dt::packed_tensor& p) {
         return "dropit.Packed(kept=" + std::to_string(p.kept()) +
                ", numel=" + std::to_string(p.numel()) + ", nbytes=" + std::to_string(p.bytes()) +
@@ -180,6 +196,32 @@ payload size, ``kept`` and ``numel`` count elements.)doc")
 Packs a contiguous CPU tensor (float32, float64, bfloat16, float16) with a policy.
 
 Raises dropit.Error for a non-contiguous, non-CPU or unsupported tensor.)doc");
+  m.def(
+      "_load_packed",
+      [](const py::object& dtype, std::vector<std::int64_t> sizes,
+         std::vector<std::int64_t> strides, const dt::policy& policy, std::size_t kept,
+         const std::string& positions, const py::bytes& payload) {
+        DROPIT_EXPECTS(THPDtype_Check(dtype.ptr()),
+                       "Packed: not a torch.dtype: ", py::repr(dtype).cast<std::string>());
+        const at::ScalarType type = reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+        std::optional<dropit::position_encoding> encoding;
+        for (const auto e : {dropit::position_encoding::none, dropit::position_encoding::bitmask,
+                             dropit::position_encoding::index32, dropit::position_encoding::index64,
+                             dropit::position_encoding::elias_fano}) {
+          if (positions == dropit::detail::encoding_name(e)) encoding = e;
+        }
+        DROPIT_EXPECTS(encoding.has_value(), "Packed: unknown position encoding '", positions, "'");
+        char* data = nullptr;
+        Py_ssize_t length = 0;
+        if (PyBytes_AsStringAndSize(payload.ptr(), &data, &length) != 0)
+          throw py::error_already_set();
+        const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data),
+                                               static_cast<std::size_t>(length));
+        py::gil_scoped_release unlocked;  // payload stays alive: the caller holds it
+        return dt::packed_tensor::load(type, std::move(sizes), std::move(strides), policy, kept,
+                                       *encoding, bytes);
+      },
+      "A Packed from what its __reduce__ gives (every part checked).");
   m.def("_pack_saved", &dt::packed_tensor::pack_saved, py::arg("tensor"), py::arg("policy"),
         py::call_guard<py::gil_scoped_release>(),
         "Packs any CPU strided tensor (dense ones in memory order, others through a copy).");

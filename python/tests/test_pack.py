@@ -206,3 +206,73 @@ def test_to_dropit_passes_positions_to_every_pack():
     handle = dropit.to_dropit(model, positions="smallest")
     assert len(handle) > 0
     handle.remove()
+
+
+def _restores_alike(a, b):
+    assert (b.shape, b.dtype, b.kept, b.numel, b.nbytes) == (a.shape, a.dtype, a.kept, a.numel, a.nbytes)
+    ra, rb = a.restore(), b.restore()
+    assert ra.stride() == rb.stride()
+    assert torch.equal(ra, rb)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("policy", [
+    dropit.MinK(0.9), dropit.MinK(0.5), dropit.MinK(0.999), dropit.MinK(0.9, positions="no_elias_fano"),
+    dropit.MinK(0.9, codec="int8"), dropit.Random(0.75, seed=4), dropit.Identity(codec="fp8"),
+    dropit.MinK(0.0), dropit.MinK(1.0)])
+def test_packed_tensors_pickle_copy_and_save(dtype, policy):
+    import copy
+    import io
+
+    x = torch.randn(4, 3, 40, 50).to(dtype)
+    for t in (x, x.contiguous(memory_format=torch.channels_last), torch.randn(()).to(dtype),
+              torch.randn(0, 5).to(dtype)):
+        p = dropit._C._pack_saved(t, policy)
+        _restores_alike(p, pickle.loads(pickle.dumps(p)))
+        _restores_alike(p, copy.deepcopy(p))
+        f = io.BytesIO()
+        torch.save({"saved": p}, f)
+        f.seek(0)
+        _restores_alike(p, torch.load(f)["saved"])
+        # The pickle records the policy it was packed with.
+        assert p.__reduce__()[1][3] == policy
+
+
+def test_a_loaded_pack_counts_in_live_saved_bytes():
+    p = dropit.pack(torch.randn(100_000), dropit.MinK(0.9))
+    before = dropit.live_saved_bytes().sparse
+    q = pickle.loads(pickle.dumps(p))
+    assert dropit.live_saved_bytes().sparse == before + q.nbytes
+    del q
+    assert dropit.live_saved_bytes().sparse == before
+
+
+def test_forged_or_corrupt_pickles_are_refused():
+    # Every part of what Packed pickles as is checked again on load (SparseCache::load for the
+    # payload: tests/load_test.cpp flips every bit of it).
+    p = dropit.pack(torch.randn(50, 60), dropit.MinK(0.9))
+    load, (dtype, shape, strides, policy, kept, positions, payload) = p.__reduce__()
+    assert positions == "elias_fano"
+
+    def refused(message, **change):
+        args = dict(dtype=dtype, shape=shape, strides=strides, policy=policy, kept=kept,
+                    positions=positions, payload=payload)
+        args.update(change)
+        with pytest.raises(dropit.Error, match=message):
+            load(*args.values())
+
+    refused("a pack of k = 301 of n = 3000 elements stores its positions as elias_fano or bitmask, "
+            "not as index32", kept=301, positions="index32")
+    refused("unknown position encoding 'rle'", positions="rle")
+    refused("k = 3001 kept elements of n = 3000", kept=3001)
+    refused("the payload has", payload=payload[:-1])
+    refused("block offset 0 is 1, the positions give 0", payload=payload[:-4] + b"\x01\0\0\0")
+    refused(r"strides \[1, 1\] are not a dense layout of sizes \[50, 60\]", strides=(1, 1))
+    refused("size -50 and stride 60 of dimension 0", shape=(-50, 60))
+    refused("2 sizes and 1 strides", strides=(1,))
+    refused("no dropit element type for dtype Long", dtype=torch.int64)
+    refused("not a torch.dtype", dtype="float32")
+    # The same bytes under another element type: the sizes no longer match.
+    refused("the payload has", dtype=torch.float64)
+    assert torch.equal(load(dtype, shape, strides, policy, kept, positions, payload).restore(),
+                       p.restore())
