@@ -321,6 +321,49 @@ TEST_CASE_TEMPLATE(
 }
 
 TEST_CASE_TEMPLATE(
+    "a payload loaded from host bytes restores what its pack restores; bad bytes "
+    "leave the cache as it was" DROPIT_EXECUTOR_DECORATOR,
+    C, DROPIT_EXECUTOR_CASES) {
+  using namespace dropit_test;
+  using T = typename C::type;
+  INFO(C::name());
+  typename C::session s;
+  const auto exec = s.exec();
+  const auto x = normal_values<T>(20000, 5);
+  typename C::template buffer<T> dx(x);
+  // Bitmask, Elias-Fano, index list, none; exact and int8 values.
+  for (const double g : {0.5, 0.9, 0.9999, 0.0}) {
+    CAPTURE(g);
+    dropit::SparseCache<T, dropit::MinK<>> a{dropit::MinK<>{g}}, b{dropit::MinK<>{g}};
+    a.pack(exec, dx.cspan());
+    const std::vector<std::byte> bytes = s.bytes(a.payload());
+    b.load(exec, a.size(), a.kept(), a.layout().positions, bytes);
+    CHECK(b.space() == C::space);
+    CHECK(s.bytes(b.payload()) == bytes);
+    typename C::template buffer<T> ra(x.size()), rb(x.size());
+    a.restore(exec, ra.span());
+    b.restore(exec, rb.span());
+    const auto want = dense_from<T>(x, oracle_mink<T>(x, expected_k(x.size(), g)));
+    CHECK(same_bits<T>(s.to_host(rb), want));
+    dropit::SparseCache<T, dropit::MinK<>, dropit::codec::int8> c{dropit::MinK<>{g}},
+        d{dropit::MinK<>{g}};
+    c.pack(exec, dx.cspan());
+    d.load(exec, c.size(), c.kept(), c.layout().positions, s.bytes(c.payload()));
+    c.restore(exec, ra.span());
+    d.restore(exec, rb.span());
+    CHECK(same_bits<T>(s.to_host(ra), s.to_host(rb)));
+    if (a.kept() == 0 || a.kept() == x.size()) continue;
+    // One block offset off by one: refused, b keeps its payload.
+    std::vector<std::byte> bad = bytes;
+    bad[a.layout().block_offsets_offset == bad.size() ? bad.size() - 1
+                                                      : a.layout().block_offsets_offset] ^=
+        std::byte{1};
+    CHECK_THROWS_AS(b.load(exec, a.size(), a.kept(), a.layout().positions, bad), dropit::error);
+    CHECK(s.bytes(b.payload()) == bytes);
+  }
+}
+
+TEST_CASE_TEMPLATE(
     "restore is repeatable; a second pack replaces the first" DROPIT_EXECUTOR_DECORATOR, C,
     DROPIT_EXECUTOR_CASES) {
   using namespace dropit_test;

@@ -21,7 +21,9 @@
 
 #include <cuda/stream_ref>
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace dropit {
 
@@ -87,6 +89,12 @@ struct cuda_executor {
   template <class T, class Policy, class Codec>
   [[nodiscard]] detail::payload pack(const Policy& policy, const Codec& codec, const T* x,
                                      const packed_layout& layout) const;
+
+  /**
+   * @brief A new payload from the memory resource holding a copy of `bytes` (host memory); returns
+   * once the copy is complete, so the bytes may be freed then. Called by `SparseCache::load`.
+   */
+  [[nodiscard]] detail::payload copy_in(std::span<const std::byte> bytes) const;
 
   /**
    * @brief Enqueues the restore of `payload` into out (layout.n elements of device memory),

@@ -377,7 +377,24 @@ void restore(const cuda_executor& e, const payload& p, const packed_layout& l, T
   });
 }
 
+/// A device payload holding a copy of host bytes, complete on return.
+inline payload copy_in(const cuda_executor& e, std::span<const std::byte> bytes) {
+  return translate_errors([&] {
+    const cudaStream_t stream = e.stream.get();
+    device_memory_resource* mr = e.memory_resource();
+    std::byte* data =
+        bytes.empty() ? nullptr : static_cast<std::byte*>(mr->allocate(bytes.size(), stream));
+    payload out(data, bytes.size(), memory_space::device, &release_device, mr, stream);
+    rt::copy_from_host(data, bytes.data(), bytes.size(), stream);
+    return out;
+  });
+}
+
 }  // namespace detail::dev
+
+inline detail::payload cuda_executor::copy_in(std::span<const std::byte> bytes) const {
+  return detail::dev::copy_in(*this, bytes);
+}
 
 template <class T, class Policy, class Codec>
 detail::payload cuda_executor::pack(const Policy& policy, const Codec& codec, const T* x,

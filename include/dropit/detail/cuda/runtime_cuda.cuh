@@ -42,6 +42,14 @@ inline void memcpy_async(void* dst, const void* src, std::size_t bytes, cudaStre
     DROPIT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
 }
 
+/// Copies host memory to device memory and waits for the copy, so `src` may be freed on return
+/// (pageable or pinned).
+inline void copy_from_host(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+  DROPIT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+  DROPIT_CUDA_TRY(cudaStreamSynchronize(stream));
+}
+
 inline void zero_async(void* dst, std::size_t bytes, cudaStream_t stream) {
   if (bytes != 0) DROPIT_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, stream));
 }

@@ -23,6 +23,10 @@ inline void memcpy_async(void* dst, const void* src, std::size_t bytes, cudaStre
   if (bytes != 0) std::memcpy(dst, src, bytes);
 }
 
+inline void copy_from_host(void* dst, const void* src, std::size_t bytes, cudaStream_t) noexcept {
+  if (bytes != 0) std::memcpy(dst, src, bytes);
+}
+
 inline void zero_async(void* dst, std::size_t bytes, cudaStream_t) noexcept {
   if (bytes != 0) std::memset(dst, 0, bytes);
 }
