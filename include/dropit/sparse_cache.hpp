@@ -127,10 +127,10 @@ class SparseCache {
    * `size()`, `kept()` and `layout().positions`. Restore then writes what the other cache's
    * restore writes, scaled as this cache's policy says for n and k.
    *
-   * The bytes are checked first to be exactly such a payload (format.hpp): the size the layout
-   * gives, zero padding, and positions that decode to k strictly ascending indices below n with
-   * consistent block offsets; values and scales may be any bits. So no input, however corrupt,
-   * makes a restore read or write out of bounds.
+   * The bytes are checked first to be laid out exactly as a pack lays a payload out (format.hpp):
+   * the size the layout gives, zero padding, and positions that decode to k strictly ascending
+   * indices below n with consistent block offsets; values and scales may be any bits. So no input,
+   * however corrupt, makes a restore read or write out of bounds.
    * @code
    * dropit::SparseCache<float, dropit::MinK<>> a{dropit::MinK<>{0.9}}, b{dropit::MinK<>{0.9}};
    * a.pack(dropit::host, x);
