@@ -2,8 +2,11 @@
 F.max_pool2d in its forward) and writes its JSON; with
 --steady-heap every configuration's median step pays at most a handful of page faults after the
 warm-up (without the flag, every configuration's CNN step takes thousands a step on this
-benchmark). Not exactly zero: a step whose heap layout reaches a new high-water mark maps a few
-fresh pages (30 rounds on 2026-11-29: 0 in most steps, 1-2 in some, one step of 1,176)."""
+benchmark). Not exactly zero: a step may still touch a page or two outside the written heap.
+Before the flag wrote its 512 MiB of heap first, a step whose heap reached a new high-water
+mark mapped a few hundred fresh pages, and DropIT's method (the "reference" row) did so in 3 of
+5 rounds of a CI run (median 196 faults). Six runs here after the change (480 steps): one step
+counted 2 faults, every other 0."""
 import json
 import os
 import pathlib
