@@ -10,7 +10,7 @@ for their weight gradient (input and bias gradients stay exact); ReLU keeps a 1-
 MaxPool2d its window positions (both exact). Selection, packing and formats run in dropit's C++
 library (``dropit._C``); this package only decides which saved tensors to hand it.
 """
-from collections import namedtuple
+from collections import namedtuple as _namedtuple
 
 from . import _C
 from ._C import Error, MemoryCounter, Packed
@@ -20,6 +20,7 @@ __all__ = [
     "Error",
     "Handle",
     "Identity",
+    "MemoryCounter",
     "MinK",
     "Packed",
     "Policy",
@@ -86,7 +87,7 @@ def pack(tensor, policy):
     return _C.pack(tensor, policy)
 
 
-SavedBytes = namedtuple("SavedBytes", ["sparse", "masks", "total"])
+SavedBytes = _namedtuple("SavedBytes", ["sparse", "masks", "total"])
 SavedBytes.__doc__ = "Bytes held now by dropit's packs: sparse caches, masks (ReLU, MaxPool2d)."
 
 

@@ -70,6 +70,13 @@ def test_codec_bytes_and_policies():
         dropit.MinK(0.9, codec="int4")
 
 
+def test_public_names_are_the_documented_ones():
+    # what `from dropit import *` gives is every public name, and nothing the package uses itself
+    public = {n for n in dir(dropit) if not n.startswith("_")}
+    assert public == set(dropit.__all__)
+    assert isinstance(dropit.memory_counter(), dropit.MemoryCounter)
+
+
 def test_docstring_example():
     p = dropit.pack(torch.tensor([0.1, -3.0, 0.2, 2.5]), dropit.MinK(0.5))
     assert torch.equal(p.restore(), torch.tensor([0.0, -3.0, 0.0, 2.5]))
