@@ -109,6 +109,24 @@ TEST_CASE("cuda: host pointers are rejected with dropit::error before any work" 
                        "the CUDA executor needs device or managed memory",
                        dropit::error);
   unchanged();
+  // load takes host bytes: another cache's device payload is refused before the check reads it;
+  // the same bytes from pinned host memory load.
+  dropit::SparseCache<float, dropit::MinK<0.9>> other;
+  other.pack(exec, dx.cspan());
+  CHECK_THROWS_WITH_AS(
+      cache.load(exec, other.size(), other.kept(), other.layout().positions, other.payload()),
+      "dropit: load: the bytes point to device memory (cudaMemoryTypeDevice); it must be host or "
+      "managed memory (copy a device payload to the host first)",
+      dropit::error);
+  unchanged();
+  const auto other_bytes = bytes_to_host(other.payload(), stream.get());
+  std::byte* pinned_bytes = nullptr;
+  check(cudaMallocHost(&pinned_bytes, other_bytes.size()));
+  std::copy(other_bytes.begin(), other_bytes.end(), pinned_bytes);
+  cache.load(exec, other.size(), other.kept(), other.layout().positions,
+             std::span<const std::byte>(pinned_bytes, other_bytes.size()));
+  unchanged();
+  check(cudaFreeHost(pinned_bytes));
   check(cudaFreeHost(pinned));
 }
 

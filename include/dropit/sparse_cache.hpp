@@ -34,7 +34,7 @@ concept executor_for = requires(const E& e, const P& p, const C& c, const T* x, 
 /**
  * @brief An executor that can take a payload from host bytes: `dropit::host`,
  * `dropit::cuda_executor`. `copy_in` returns a new payload of the executor's memory space holding
- * a copy of the bytes.
+ * a copy of the bytes, and throws dropit::error for bytes the host cannot read (device memory).
  */
 template <class E>
 concept payload_loader = requires(const E& e, std::span<const std::byte> bytes) {

@@ -71,10 +71,12 @@ void SparseCache<T, Policy, Codec>::load(const Exec& exec, std::size_t n, std::s
                                          position_encoding positions,
                                          std::span<const std::byte> bytes) {
   const packed_layout layout = detail::load_layout(n, k, sizeof(T), Codec::kind, positions);
+  // The copy first: an executor refuses bytes the host cannot read (device memory) before the
+  // check reads them. A refused payload is freed here, the cache untouched.
+  detail::payload fresh = exec.copy_in(bytes);
   detail::check_payload(layout, bytes);
   double scale = 1.0;
   if constexpr (has_restore_scale<Policy>) scale = static_cast<double>(policy_.restore_scale(n, k));
-  detail::payload fresh = exec.copy_in(bytes);
   payload_ = std::move(fresh);
   layout_ = layout;
   scale_ = scale;

@@ -377,9 +377,10 @@ void restore(const cuda_executor& e, const payload& p, const packed_layout& l, T
   });
 }
 
-/// A device payload holding a copy of host bytes, complete on return.
+/// A device payload holding a copy of host bytes, complete on return; device bytes are refused.
 inline payload copy_in(const cuda_executor& e, std::span<const std::byte> bytes) {
   return translate_errors([&] {
+    if (!bytes.empty()) rt::check_host_pointer(bytes.data(), "load: the bytes");
     const cudaStream_t stream = e.stream.get();
     device_memory_resource* mr = e.memory_resource();
     std::byte* data =

@@ -70,6 +70,22 @@ inline void check_device_pointer(const void* p, const char* what) {
       "); the CUDA executor needs device or managed memory");
 }
 
+/// Throws dropit::error if p is device memory, which the host cannot read; `what` names it.
+/// Host memory (pageable or pinned) and managed memory pass.
+inline void check_host_pointer(const void* p, const char* what) {
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, p);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw_error(what, " is not a pointer the CUDA runtime knows (cudaPointerGetAttributes: ",
+                cudaGetErrorString(status), ")");
+  }
+  if (attributes.type != cudaMemoryTypeDevice) return;
+  throw_error(what,
+              " points to device memory (cudaMemoryTypeDevice); it must be host or managed "
+              "memory (copy a device payload to the host first)");
+}
+
 /// Makes `waiter` wait for the work enqueued on `waited` so far (no host synchronization).
 inline void stream_after(cudaStream_t waiter, cudaStream_t waited) {
   if (waiter == waited) return;

@@ -38,6 +38,9 @@ inline void check_launch() noexcept {
 /// Every pointer is "device" memory here.
 inline void check_device_pointer(const void*, const char*) noexcept {
 }
+/// ... and host memory too: one address space.
+inline void check_host_pointer(const void*, const char*) noexcept {
+}
 
 inline void stream_after(cudaStream_t, cudaStream_t) noexcept {
 }
