@@ -37,6 +37,9 @@ Inside, the pack hook hands dropit's C++ library only the tensors it must:
   (``return_indices``, a non-contiguous or non-CPU input, another dtype) runs in PyTorch, whose
   int64 indices then become window positions and whose saved input (read by backward for its
   shape only) a shape; so does the input a Conv2d's padding mode pads.
+* MaxPool2d then ReLU in an nn.Sequential (``fuse_pool_relu``, on by default): the pooling runs
+  ``_C._max_pool2d_relu``, which applies the ReLU and saves its 1-bit mask plus window positions
+  only for the outputs the ReLU passes; the ReLU returns its input (`_fusing_relu`, `_absorbs`).
 
 * F.relu (``torch.relu``, ``Tensor.relu``, ``relu_``) and F.max_pool2d in a module's own
   forward (PyTorch's tutorials, ``nn.TransformerEncoderLayer``'s activation): a module whose
@@ -601,6 +604,8 @@ class _KernelMode(TorchFunctionMode):
                 bound = None
             if bound is not None:
                 x, inplace_arg = bound  # F.relu's inplace= (relu_ is in place by its name)
+                if _absorbs(x):  # the pooling before it applied this ReLU (`_fusing_relu`)
+                    return x
                 try:
                     return _C._relu_(x) if inplace or inplace_arg else _C._relu(x)
                 except _C.Error:
@@ -613,8 +618,13 @@ class _KernelMode(TorchFunctionMode):
             except TypeError:
                 bound = None
             if bound is not None:
+                relu = _fusing_relu()
                 try:
-                    return _C._max_pool2d(*bound)
+                    if relu is None:
+                        return _C._max_pool2d(*bound)
+                    y = _C._max_pool2d_relu(*bound)
+                    _local.fused = (weakref.ref(y), y._version, weakref.ref(relu))
+                    return y
                 except _C.Error:  # e.g. an output too small: PyTorch raises its own error
                     pass
         return func(*args, **kwargs)
@@ -638,12 +648,14 @@ class _Layer:
     """A layer to_dropit selected: what it packs and with which policy."""
 
     __slots__ = ("name", "kind", "policy", "store", "index", "step", "pool", "pad_mode",
-                 "routes", "lone_op", "custom", "kernels", "projections", "hook_ids")
+                 "routes", "lone_op", "custom", "kernels", "projections", "hook_ids", "fuse")
 
     def __init__(self, name, kind, policy, index, module, store=frozenset(), low_memory=False,
-                 functional=False):
+                 functional=False, fuse=False):
         self.name, self.kind, self.policy, self.index, self.step = name, kind, policy, index, 0
         self.store = store
+        # a MaxPool2d whose ReLU neighbour may be fused into its pooling (`_fusing_relu`)
+        self.fuse = fuse and kind == "pool"
         # The functional calls routed to dropit's ReLU / pooling kernels while this layer is the
         # innermost scope: its own kind's, and with `functional` (a Linear / convolution subclass
         # whose own code calls F.relu or F.max_pool2d) both.
@@ -685,6 +697,7 @@ class _Layer:
         return {name: getattr(self, name) for name in self.__slots__}
 
     def __setstate__(self, state):
+        self.fuse = False  # a layer pickled before the fusion existed
         for name, value in state.items():
             setattr(self, name, value)
         # PyTorch numbers hooks from a counter of its own (RemovableHandle.next_id) and files them
@@ -945,6 +958,71 @@ def _innermost_kernels():
         return _NO_KERNELS
     top = stack[-1]
     return top.layer.kernels if top.frame is not None and _on_stack(top.frame) else _NO_KERNELS
+
+
+_SEQUENTIAL_FORWARD = nn.Sequential.forward.__code__
+_MODULE_GLOBALS = torch.nn.modules.module
+
+
+def _only_dropit_hooks(module):
+    """Whether a module's hooks are its dropit layer's two and no others (none reads or replaces
+    its input, output or gradients)."""
+    return (len(module._forward_pre_hooks) == 1 and len(module._forward_hooks) == 1
+            and not module._backward_hooks and not getattr(module, "_backward_pre_hooks", None))
+
+
+def _fusing_relu():
+    """The nn.ReLU that is to take this MaxPool2d's output, and nothing else, when the pooling may
+    apply it (to_dropit's ``fuse_pool_relu``), else None. Inside a "pool" scope whose module an
+    nn.Sequential's own forward called, the next module of that Sequential is a dropit-hooked
+    nn.ReLU: Sequential's forward hands it the output and nothing else does, as long as no hook
+    of either module, nor a global module hook, can read or replace the output on the way. The
+    ReLU then returns its input (`_absorbs`); if anything else reached it first, it runs as it
+    is, and relu(relu(y)) is relu(y)."""
+    stack = _stack()
+    top = stack[-1] if stack else None
+    if top is None or not top.layer.fuse or top.frame is None:
+        return None
+    caller = top.frame.f_back  # the frame that called the pooling module
+    if caller is None or caller.f_code is not _SEQUENTIAL_FORWARD:
+        return None
+    frame_locals = caller.f_locals
+    sequential = frame_locals.get("self")
+    if type(frame_locals) is dict:
+        # Before Python 3.13 this is a snapshot the frame keeps, with a reference to each local
+        # (the pooling's input among them) until it ends or the next snapshot: let them go.
+        # Whoever writes a snapshot back into the frame (a tracer) takes a fresh one first.
+        frame_locals.clear()
+    if not isinstance(sequential, nn.Sequential):
+        return None
+    modules = list(sequential._modules.values())
+    at = [i for i, m in enumerate(modules) if m is top.module]
+    if len(at) != 1 or at[0] + 1 >= len(modules):
+        return None
+    relu = modules[at[0] + 1]
+    if not (isinstance(relu, nn.ReLU) and _only_dropit_hooks(relu)
+            and _only_dropit_hooks(top.module)):
+        return None
+    hook = next(iter(relu._forward_pre_hooks.values()))
+    if not (isinstance(hook, _PreHook) and hook.layer.kind == "relu"):
+        return None
+    if (_MODULE_GLOBALS._global_forward_pre_hooks or _MODULE_GLOBALS._global_forward_hooks
+            or _MODULE_GLOBALS._global_backward_hooks):
+        return None
+    return relu
+
+
+def _absorbs(x):
+    """Whether the ReLU running now takes the output of the pooling that applied it already
+    (`_fusing_relu`): the same tensor, unchanged since, in the scope of the ReLU it named."""
+    fused = getattr(_local, "fused", None)
+    if fused is None:
+        return False
+    _local.fused = None
+    output, version, relu = fused
+    stack = _stack()
+    return (output() is x and x._version == version and bool(stack)
+            and stack[-1].module is relu())
 
 
 def _on_stack(frame):
@@ -1228,7 +1306,7 @@ class Handle:
 
 def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0, codec="exact",
               positions="smallest", store=(), store_codec="int8", layer_gamma=None,
-              low_memory=False):
+              low_memory=False, fuse_pool_relu=True):
     """Makes ``model``'s layers save less for backward, without replacing any module: the inputs
     of Linear, GPT-2 Conv1D and convolution layers and of nn.MultiheadAttention's projections
     through the policy, ReLU and MaxPool2d as masks, and the ``store`` classes through
@@ -1264,6 +1342,11 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
         low_memory: Conv2d layers also run dropit's C++ convolution (as Linear and Conv1D layers
             run its matmul), which runs forward and backward in pieces of samples so that no
             whole rebuilt input exists: a lower peak for a slower step (docs/python.md).
+        fuse_pool_relu: with ``masks``, where an nn.Sequential runs a MaxPool2d and then an
+            nn.ReLU (both hooked, neither with other hooks), the pooling applies the ReLU and
+            keeps window positions only for the outputs the ReLU passes, and the ReLU returns its
+            input: the same outputs and gradients, fewer bytes saved. Its backward is not
+            differentiable: set it False for double backward (``create_graph=True``).
 
     Returns:
         a ``Handle``; ``handle.remove()`` undoes it.
@@ -1379,7 +1462,8 @@ def to_dropit(model, strategy="mink", gamma=0.9, exclude=(), masks=True, seed=0,
             else:
                 layer = _Layer(name, kind, policy_of(name) if kind == "weight" else policy, index,
                                module, low_memory=bool(low_memory),
-                               functional=kind == "weight" and name in functional)
+                               functional=kind == "weight" and name in functional,
+                               fuse=bool(fuse_pool_relu))
             pre = module.register_forward_pre_hook(_PreHook(layer))
             hooks.append(pre)
             post = module.register_forward_hook(_PostHook(layer))

@@ -276,6 +276,21 @@ Raises dropit.Error for a non-contiguous, non-CPU or unsupported tensor.)doc");
 PyTorch's (ties and NaNs included). Without a gradient to compute, PyTorch's max_pool2d.)doc");
 
   m.def(
+      "_max_pool2d_relu",
+      [](const at::Tensor& x, pair2 kernel, pair2 stride, pair2 padding, pair2 dilation,
+         bool ceil_mode) {
+        const dt::max_pool2d_params params{kernel, stride, padding, dilation, ceil_mode};
+        return dt::max_pool2d_relu(x, params);
+      },
+      py::arg("input"), py::arg("kernel"), py::arg("stride"), py::arg("padding"),
+      py::arg("dilation"), py::arg("ceil_mode"), py::call_guard<py::gil_scoped_release>(),
+      R"doc(
+relu(_max_pool2d(x)) as one op that saves the ReLU's 1-bit mask of the outputs and the window
+positions of only the outputs the ReLU passes; output and gradient equal PyTorch's
+relu(max_pool2d(x)) (ties and NaNs included). Its backward is not differentiable (create_graph
+raises). Without a gradient to compute, PyTorch's ops.)doc");
+
+  m.def(
       "_relu", [](const at::Tensor& x) { return dt::relu(x); }, py::arg("input"),
       py::call_guard<py::gil_scoped_release>(),
       R"doc(

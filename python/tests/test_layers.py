@@ -1737,3 +1737,139 @@ def test_layer_gamma_sets_gamma_per_layer_longest_name_first(path):
         with pytest.raises(dropit.Error, match=message):
             dropit.to_dropit(net, "mink", 0.9, layer_gamma=bad)
         assert hook_count(net) == 0
+
+
+FUSED_NODE = "torch::autograd::CppNode<dropit::torch::detail::max_pool2d_relu_fn>"
+
+
+def _node_names(y):
+    """The names of the autograd nodes y's gradient runs through."""
+    names, seen, todo = [], set(), [y.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(node.name())
+        todo.extend(n for n, _ in node.next_functions)
+    return names
+
+
+def _pool_relu_net(inplace):
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(inplace=inplace),
+                         nn.Conv2d(4, 4, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+                         nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 5))
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_max_pool_then_relu_in_a_sequential_is_fused_and_exact(inplace):
+    # fuse_pool_relu (default): the pooling applies the ReLU and keeps window positions only for
+    # the outputs it passes; outputs and every gradient equal plain PyTorch's, bit for bit
+    # (strategy "none": the convolutions and the Linear are PyTorch's own).
+    plain = _pool_relu_net(inplace)
+    x = torch.randn(3, 3, 14, 16)
+    x[2] -= 3.0  # a sample where most outputs do not pass
+    for fuse in (True, False):
+        net = copy.deepcopy(plain)
+        dropit.to_dropit(net, "none", fuse_pool_relu=fuse)
+        y, y0 = net(x), plain(x)
+        _same(y, y0)
+        assert _node_names(y).count(FUSED_NODE) == (2 if fuse else 0)
+        g = torch.randn_like(y0)
+        for p0 in plain.parameters():
+            p0.grad = None
+        y.backward(g)
+        y0.backward(g)
+        for p, p0 in zip(net.parameters(), plain.parameters()):
+            _same(p.grad, p0.grad)
+        assert dropit.live_saved_bytes().masks == 0
+
+
+def test_a_fused_pool_relu_pair_is_one_node_and_saves_fewer_bytes():
+    net = nn.Sequential(nn.MaxPool2d(2), nn.ReLU())
+    dropit.to_dropit(net)
+    x = (torch.randn(4, 8, 32, 32) - 2.0).requires_grad_(True)  # about 1 output in 6 passes
+    y = net(x)
+    assert y.grad_fn.name() == FUSED_NODE
+    fused = dropit.live_saved_bytes().masks
+    del y
+    y = net[1](net[0](x))  # the same modules, called one by one: no Sequential forward, no fusion
+    assert FUSED_NODE not in _node_names(y) and POOL_NODE in _node_names(y)
+    separate = dropit.live_saved_bytes().masks
+    # one mask bit per output, and the window positions (2 bits) of the outputs that pass only,
+    # against 1 + 2 bits per output
+    assert fused < 0.65 * separate
+    _same(y, F.relu(F.max_pool2d(x, 2)))
+
+
+def test_a_pooling_called_alone_or_watched_by_a_hook_is_not_fused():
+    # Only a Sequential's own forward hands the pooling's output to the ReLU and nothing else.
+    net = nn.Sequential(nn.MaxPool2d(2), nn.ReLU())
+    dropit.to_dropit(net)
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    _same(net[0](x), F.max_pool2d(x, 2))  # negative outputs: no ReLU applied
+    assert net[0](x).grad_fn.name() == POOL_NODE
+
+    class Own(nn.Sequential):
+        def forward(self, t):
+            return self[1](self[0](t)) + 0.0
+
+    own = Own(nn.MaxPool2d(2), nn.ReLU())
+    dropit.to_dropit(own)
+    assert own(x).grad_fn.next_functions[0][0].name() != FUSED_NODE
+    seen = []
+    h = net[0].register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+    y = net(x)
+    h.remove()
+    _same(seen[0], F.max_pool2d(x, 2))  # the user's hook sees the pooling's own output
+    _same(y, F.relu(F.max_pool2d(x, 2)))
+    assert y.grad_fn.name() != FUSED_NODE
+    h = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
+    try:
+        assert net(x).grad_fn.name() != FUSED_NODE
+    finally:
+        h.remove()
+    assert net(x).grad_fn.name() == FUSED_NODE
+    off = nn.Sequential(nn.MaxPool2d(2), nn.ReLU())
+    dropit.to_dropit(off, fuse_pool_relu=False)
+    assert off(x).grad_fn.name() != FUSED_NODE
+
+
+def test_fused_pool_relu_refuses_double_backward_and_names_the_option():
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    for fuse in (True, False):
+        net = nn.Sequential(nn.MaxPool2d(2), nn.ReLU())
+        dropit.to_dropit(net, fuse_pool_relu=fuse)
+        y = net(x)
+        if fuse:
+            with pytest.raises(RuntimeError, match=r"fuse_pool_relu=False"):
+                torch.autograd.grad((y * y).sum(), x, create_graph=True)
+        else:
+            (gx,) = torch.autograd.grad((y * y).sum(), x, create_graph=True)
+            (ggx,) = torch.autograd.grad((gx * gx).sum(), x)
+            x0 = x.detach().clone().requires_grad_(True)
+            y0 = F.relu(F.max_pool2d(x0, 2))
+            (gx0,) = torch.autograd.grad((y0 * y0).sum(), x0, create_graph=True)
+            (ggx0,) = torch.autograd.grad((gx0 * gx0).sum(), x0)
+            _same(ggx, ggx0)
+
+
+def test_fusing_keeps_no_input_alive():
+    # Deciding to fuse reads the calling Sequential's frame; that must not keep the pooling's
+    # input (the convolution's output, 4x the pooled size) alive for the rest of the forward:
+    # the forward's peak is the unfused one.
+    x = torch.randn(16, 3, 32, 32)
+    peaks = {}
+    for fuse in (True, False):
+        torch.manual_seed(0)
+        # the convolution after the pair allocates more than the one before it
+        net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
+                            nn.Conv2d(8, 64, 3, padding=1))
+        dropit.to_dropit(net, fuse_pool_relu=fuse)
+        with dropit.memory_counter() as c:
+            base = c.reset_peak()
+            y = net(x)
+            peaks[fuse] = c.peak_bytes - base
+        assert (FUSED_NODE in _node_names(y)) == fuse
+    assert peaks[True] <= peaks[False]

@@ -756,7 +756,8 @@ struct max_pool2d_relu_fn : ::torch::autograd::Function<max_pool2d_relu_fn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     DROPIT_EXPECTS(!::torch::autograd::GradMode::is_enabled(),
                    "torch::max_pool2d_relu: double backward (create_graph) is not supported; use "
-                   "max_pool2d then relu (convert_options::fuse_pool_relu = false)");
+                   "max_pool2d then relu (convert_options::fuse_pool_relu = false; from Python, "
+                   "to_dropit(..., fuse_pool_relu=False))");
     const variable_list saved = ctx->get_saved_variables();
     const pool_geometry g = saved_pool_geometry(ctx);
     const at::Tensor gy = grads[0].contiguous();
