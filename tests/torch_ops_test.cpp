@@ -869,7 +869,8 @@ TEST_CASE("torch: max_pool2d_relu equals LibTorch's relu(max_pool2d), ties, zero
          {pool_case{2, 2, 0, 1, false}, pool_case{2, 2, 0, 1, true}, pool_case{3, 2, 1, 1, false},
           pool_case{3, 1, 1, 1, true}, pool_case{2, 1, 1, 2, false}, pool_case{4, 4, 2, 1, true}}) {
       for (auto sizes :
-           {std::vector<std::int64_t>{4, 150, 14, 14}, std::vector<std::int64_t>{37, 13, 11}}) {
+           {std::vector<std::int64_t>{4, 150, 14, 14}, std::vector<std::int64_t>{37, 13, 11},
+            std::vector<std::int64_t>{3, 40, 30}}) {
         CAPTURE(dtype);
         CAPTURE(c.k);
         CAPTURE(c.s);

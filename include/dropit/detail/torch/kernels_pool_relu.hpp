@@ -15,6 +15,7 @@
 #include <dropit/detail/torch/kernels.hpp>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -53,6 +54,32 @@ struct pool_relu_chunks {
   return count;
 }
 
+/// kept_codes2[m][c]: of four 2-bit codes c (code j in bits 2j, 2j + 1), those whose bit of m is
+/// set, packed in order from bit 0.
+inline constexpr auto kept_codes2 = [] {
+  std::array<std::array<std::uint8_t, 256>, 16> table{};
+  for (std::uint32_t m = 0; m < 16; ++m) {
+    for (std::uint32_t c = 0; c < 256; ++c) {
+      std::uint32_t kept = 0;
+      int n = 0;
+      for (int k = 0; k < 4; ++k) {
+        if ((m >> k & 1u) != 0) kept |= (c >> 2 * k & 3u) << 2 * n++;
+      }
+      table[m][c] = static_cast<std::uint8_t>(kept);
+    }
+  }
+  return table;
+}();
+
+/// The mask bits of outputs o .. o + 3 (bit j: output o + j), which exist.
+[[nodiscard]] inline std::uint32_t mask_bits4(const std::uint32_t* mask, std::int64_t o) noexcept {
+  const std::int64_t w = o >> 5;
+  const int s = static_cast<int>(o & 31);
+  std::uint64_t v = mask[w] >> s;
+  if (s > 28) v |= static_cast<std::uint64_t>(mask[w + 1]) << (32 - s);
+  return static_cast<std::uint32_t>(v) & 0xFu;
+}
+
 /// Appends to `out` the codes (`bits` each, from the dense stream of every output) of the outputs
 /// in [o0, o1) whose mask bit is set, in output order; o0 a multiple of 32.
 inline void compact_passing_codes(const std::uint32_t* dense, const std::uint32_t* mask,
@@ -64,6 +91,20 @@ inline void compact_passing_codes(const std::uint32_t* dense, const std::uint32_
     std::uint32_t m = mask[base / 32];
     if (o1 - base < 32) m &= (1u << (o1 - base)) - 1u;
     const std::uint32_t* d = dense + base / 32 * bits;  // 32 codes fill `bits` words
+    if (m == ~0u) {  // all 32 pass: their codes as they are, a word at a time
+      for (int i = 0; i < bits; ++i)
+        w.put(d[i], 32);
+      continue;
+    }
+    if (bits == 2) {  // 2x2 windows: four outputs (a byte of codes) at a time, by table
+      std::uint64_t c = d[0];
+      if (o1 - base > 16) c |= static_cast<std::uint64_t>(d[1]) << 32;
+      for (int j = 0; j < 8; ++j) {
+        const std::uint32_t m4 = m >> 4 * j & 0xFu;
+        w.put(kept_codes2[m4][c >> 8 * j & 0xFFu], 2 * std::popcount(m4));
+      }
+      continue;
+    }
     while (m != 0) {
       const auto bit = static_cast<std::int64_t>(std::countr_zero(m)) * bits;
       m &= m - 1u;
@@ -88,7 +129,29 @@ void unpool_relu_plane(const T* grad, const std::uint32_t* mask, std::int64_t fi
       T* r1 = r0 + g.w;
       const T* gr = grad + oy * g.ow;
       const std::int64_t row = first + oy * g.ow;
-      for (std::int64_t ox = 0; ox < g.ow; ++ox) {
+      std::int64_t ox = 0;
+#if DROPIT_TORCH_SSE2
+      if constexpr (std::is_same_v<T, float>) {
+        // Four outputs at a time, as unpool2x2_plane: a zeroed output sends +0 (its code slot
+        // is left 0 and its gradient made +0, so all four of its cells get +0).
+        for (; ox + 4 <= g.ow; ox += 4) {
+          const std::uint32_t m = mask_bits4(mask, row + ox);
+          if (m == 0xFu) {
+            unpool2x2_quad_sse2(gr + ox, codes.get(8), r0 + 2 * ox, r1 + 2 * ox);
+            continue;
+          }
+          float passed[4];
+          std::uint32_t quad = 0;
+          for (int j = 0; j < 4; ++j) {
+            const bool p = (m >> j & 1u) != 0;
+            passed[j] = p ? gr[ox + j] : 0.0f;
+            if (p) quad |= codes.get(2) << (2 * j);
+          }
+          unpool2x2_quad_sse2(passed, quad, r0 + 2 * ox, r1 + 2 * ox);
+        }
+      }
+#endif
+      for (; ox < g.ow; ++ox) {
         // A zeroed output gets code 4: no cell matches.
         const std::uint32_t code = passes(row + ox) ? codes.get(2) : 4u;
         r0[2 * ox] = code == 0 ? gr[ox] : T(0);
