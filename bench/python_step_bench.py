@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """One training step of the Fashion-MNIST CNN and ViT in PyTorch from Python: plain, with dropit
-(``dropit.to_dropit``, MinK; also with ``store="all"``: the LayerNorm inputs, softmax outputs
+(``dropit.to_dropit``, MinK; on the CNN also with ``fuse_pool_relu=False``; also with
+``store="all"``: the LayerNorm inputs, softmax outputs
 and attention matmul inputs in int8; and with ``low_memory=True``: Conv2d layers in dropit's C++
 convolution, in pieces of samples), with DropIT's method in plain PyTorch (``--impl reference``
 of the example), and a "hook floor", measured in ONE interleaved run so that the shared
@@ -157,9 +158,14 @@ def configurations(model, gamma):
     fmnist.reference_to_dropit(reference, gamma)
     floor = copy.deepcopy(base)
     hook_floor(floor)
-    return [("none", plain), ("dropit", converted), ("dropit-no-ef", bitmask),
-            ("dropit-store", stored), ("dropit-low-memory", low_memory),
-            ("dropit-excl", excluded), ("reference", reference), ("floor", floor)]
+    configs = [("none", plain), ("dropit", converted), ("dropit-no-ef", bitmask),
+               ("dropit-store", stored), ("dropit-low-memory", low_memory),
+               ("dropit-excl", excluded), ("reference", reference), ("floor", floor)]
+    if model == "cnn":  # the model whose Sequential runs MaxPool2d then ReLU
+        unfused = copy.deepcopy(base)
+        dropit.to_dropit(unfused, "mink", gamma, fuse_pool_relu=False)
+        configs.insert(2, ("dropit-unfused", unfused))
+    return configs
 
 
 def minor_faults():
@@ -246,6 +252,7 @@ def markdown(rows, a, command):
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     names = {"none": "plain PyTorch", "dropit": "dropit (every layer)",
+             "dropit-unfused": "dropit (every layer), fuse_pool_relu=False",
              "dropit-no-ef": "dropit (every layer), positions without Elias-Fano",
              "dropit-store": "dropit (every layer) + store=\"all\", int8 (LayerNorm, softmax, "
                              "attention matmul inputs)",
