@@ -102,6 +102,20 @@ class memory_counter {
 
 using pair2 = std::array<std::int64_t, 2>;
 
+/// Binds a pooling op of the adapter (x and max_pool2d_params) under `name`, with the window
+/// arguments as F.max_pool2d names them; the GIL is released while it runs.
+template <class Op>
+void def_pool(py::module_& m, const char* name, Op op, const char* doc) {
+  m.def(
+      name,
+      [op](const at::Tensor& x, pair2 kernel, pair2 stride, pair2 padding, pair2 dilation,
+           bool ceil_mode) {
+        return op(x, dt::max_pool2d_params{kernel, stride, padding, dilation, ceil_mode});
+      },
+      py::arg("input"), py::arg("kernel"), py::arg("stride"), py::arg("padding"),
+      py::arg("dilation"), py::arg("ceil_mode"), py::call_guard<py::gil_scoped_release>(), doc);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -261,29 +275,16 @@ Raises dropit.Error for a non-contiguous, non-CPU or unsupported tensor.)doc");
       py::arg("padding"), py::arg("dilation"), py::arg("ceil_mode"),
       py::call_guard<py::gil_scoped_release>());
 
-  m.def(
-      "_max_pool2d",
-      [](const at::Tensor& x, pair2 kernel, pair2 stride, pair2 padding, pair2 dilation,
-         bool ceil_mode) {
-        const dt::max_pool2d_params params{kernel, stride, padding, dilation, ceil_mode};
-        return dt::max_pool2d(x, params);
-      },
-      py::arg("input"), py::arg("kernel"), py::arg("stride"), py::arg("padding"),
-      py::arg("dilation"), py::arg("ceil_mode"), py::call_guard<py::gil_scoped_release>(),
+  def_pool(
+      m, "_max_pool2d",
+      [](const at::Tensor& x, const dt::max_pool2d_params& p) { return dt::max_pool2d(x, p); },
       R"doc(
 2-d max pooling of a CPU tensor that saves, per output, the window position of its maximum
 (2 bits for a 2x2 window) instead of the input and int64 indices; output and gradient equal
 PyTorch's (ties and NaNs included). Without a gradient to compute, PyTorch's max_pool2d.)doc");
-
-  m.def(
-      "_max_pool2d_relu",
-      [](const at::Tensor& x, pair2 kernel, pair2 stride, pair2 padding, pair2 dilation,
-         bool ceil_mode) {
-        const dt::max_pool2d_params params{kernel, stride, padding, dilation, ceil_mode};
-        return dt::max_pool2d_relu(x, params);
-      },
-      py::arg("input"), py::arg("kernel"), py::arg("stride"), py::arg("padding"),
-      py::arg("dilation"), py::arg("ceil_mode"), py::call_guard<py::gil_scoped_release>(),
+  def_pool(
+      m, "_max_pool2d_relu",
+      [](const at::Tensor& x, const dt::max_pool2d_params& p) { return dt::max_pool2d_relu(x, p); },
       R"doc(
 relu(_max_pool2d(x)) as one op that saves the ReLU's 1-bit mask of the outputs and the window
 positions of only the outputs the ReLU passes; output and gradient equal PyTorch's

@@ -54,8 +54,9 @@ inline void zero_async(void* dst, std::size_t bytes, cudaStream_t stream) {
   if (bytes != 0) DROPIT_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, stream));
 }
 
-/// Throws dropit::error unless p is device or managed memory; `what` names it in the message.
-inline void check_device_pointer(const void* p, const char* what) {
+/// The CUDA runtime's memory type of p; throws dropit::error (naming `what`) for a pointer the
+/// runtime cannot classify.
+inline cudaMemoryType memory_type(const void* p, const char* what) {
   cudaPointerAttributes attributes{};
   const cudaError_t status = cudaPointerGetAttributes(&attributes, p);
   if (status != cudaSuccess) {
@@ -63,24 +64,22 @@ inline void check_device_pointer(const void* p, const char* what) {
     throw_error(what, " is not a pointer the CUDA runtime knows (cudaPointerGetAttributes: ",
                 cudaGetErrorString(status), ")");
   }
-  if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) return;
-  throw_error(
-      what, " points to host memory (",
-      attributes.type == cudaMemoryTypeHost ? "cudaMemoryTypeHost" : "cudaMemoryTypeUnregistered",
-      "); the CUDA executor needs device or managed memory");
+  return attributes.type;
+}
+
+/// Throws dropit::error unless p is device or managed memory; `what` names it in the message.
+inline void check_device_pointer(const void* p, const char* what) {
+  const cudaMemoryType type = memory_type(p, what);
+  if (type == cudaMemoryTypeDevice || type == cudaMemoryTypeManaged) return;
+  throw_error(what, " points to host memory (",
+              type == cudaMemoryTypeHost ? "cudaMemoryTypeHost" : "cudaMemoryTypeUnregistered",
+              "); the CUDA executor needs device or managed memory");
 }
 
 /// Throws dropit::error if p is device memory, which the host cannot read; `what` names it.
 /// Host memory (pageable or pinned) and managed memory pass.
 inline void check_host_pointer(const void* p, const char* what) {
-  cudaPointerAttributes attributes{};
-  const cudaError_t status = cudaPointerGetAttributes(&attributes, p);
-  if (status != cudaSuccess) {
-    (void)cudaGetLastError();
-    throw_error(what, " is not a pointer the CUDA runtime knows (cudaPointerGetAttributes: ",
-                cudaGetErrorString(status), ")");
-  }
-  if (attributes.type != cudaMemoryTypeDevice) return;
+  if (memory_type(p, what) != cudaMemoryTypeDevice) return;
   throw_error(what,
               " points to device memory (cudaMemoryTypeDevice); it must be host or managed "
               "memory (copy a device payload to the host first)");
